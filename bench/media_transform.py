@@ -1,0 +1,181 @@
+"""Per-frame cost of the media hot path: ``python bench/media_transform.py``.
+
+Inbound: a Twilio ``media`` message as received (JSON text) -> ``json.loads``
+-> base64 decode -> :class:`~media.transform.InboundTransform`. Outbound: a
+canonical 480-sample frame -> :class:`~media.transform.OutboundTransform` ->
+base64 -> ``json.dumps`` of a Twilio ``media`` message. Both run over the
+speech fixture many times; each figure is the median of several runs, in µs
+per 20 ms frame. The media part alone (no JSON, no base64) is shown too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import platform
+import statistics
+import sys
+import time
+import wave
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import soxr
+
+from media.formats import CANONICAL_FRAME_BYTES, TWILIO_MULAW_8K
+from media.g711 import ulaw_encode
+from media.resample import DEFAULT_QUALITY
+from media.transform import InboundTransform, OutboundTransform
+
+FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/audio/caller_speech_8k.wav"
+#: Budget per 20 ms frame, inbound (issue goal).
+INBOUND_GOAL_US = 25.0
+#: Budget per 20 ms frame, outbound (issue goal).
+OUTBOUND_GOAL_US = 15.0
+#: Timed runs per figure; the median is reported (seed choice: enough to shrug off one hiccup).
+DEFAULT_RUNS = 7
+#: Passes over the 30 s fixture per run: 4 x 1500 frames keeps a run near 100 ms.
+DEFAULT_PASSES = 4
+#: Twilio's 20 ms μ-law chunk: 160 bytes at 8 kHz (PROVIDERS.md §1.3).
+TWILIO_CHUNK_BYTES = 160
+T = TypeVar("T")
+STREAM_SID = "MZ00000000000000000000000000000000"
+
+
+def load_speech(path: Path = FIXTURE) -> bytes:
+    """The 8 kHz mono s16le speech fixture."""
+    with wave.open(str(path), "rb") as wav:
+        if (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) != (1, 2, 8000):
+            raise ValueError(f"{path} is not 8 kHz mono 16-bit")
+        return wav.readframes(wav.getnframes())
+
+
+def twilio_media_messages(mulaw: bytes) -> list[str]:
+    """The JSON texts Twilio would send for ``mulaw``, 20 ms per message."""
+    messages = []
+    for n, start in enumerate(range(0, len(mulaw), TWILIO_CHUNK_BYTES)):
+        payload = base64.b64encode(mulaw[start : start + TWILIO_CHUNK_BYTES]).decode("ascii")
+        message = {
+            "event": "media",
+            "sequenceNumber": str(n + 2),
+            "media": {
+                "track": "inbound",
+                "chunk": str(n + 1),
+                "timestamp": str(n * 20),
+                "payload": payload,
+            },
+            "streamSid": STREAM_SID,
+        }
+        messages.append(json.dumps(message))
+    return messages
+
+
+def canonical_frames(speech_pcm: bytes) -> list[bytes]:
+    """The fixture as canonical 24 kHz 480-sample frames (through the inbound path)."""
+    inbound = InboundTransform(TWILIO_MULAW_8K)
+    mulaw = ulaw_encode(speech_pcm)
+    frames: list[bytes] = []
+    for start in range(0, len(mulaw), TWILIO_CHUNK_BYTES):
+        frames += inbound.process(mulaw[start : start + TWILIO_CHUNK_BYTES])
+    return frames
+
+
+def run_inbound(messages: Sequence[str]) -> None:
+    """One call's inbound path over ``messages``."""
+    inbound = InboundTransform(TWILIO_MULAW_8K)
+    process = inbound.process
+    for text in messages:
+        message = json.loads(text)
+        process(base64.b64decode(message["media"]["payload"]))
+
+
+def run_inbound_media(payloads: Sequence[bytes]) -> None:
+    """One call's inbound media transform alone over raw μ-law ``payloads``."""
+    process = InboundTransform(TWILIO_MULAW_8K).process
+    for payload in payloads:
+        process(payload)
+
+
+def run_outbound(frames: Sequence[bytes]) -> None:
+    """One call's outbound path over canonical ``frames``, rendering Twilio messages."""
+    process = OutboundTransform(TWILIO_MULAW_8K).process
+    for frame in frames:
+        payload = process(frame)
+        if payload:  # soxr releases output in blocks; nothing to send for empty chunks
+            json.dumps(
+                {
+                    "event": "media",
+                    "streamSid": STREAM_SID,
+                    "media": {"payload": base64.b64encode(payload).decode("ascii")},
+                }
+            )
+
+
+def run_outbound_media(frames: Sequence[bytes]) -> None:
+    """One call's outbound media transform alone over canonical ``frames``."""
+    process = OutboundTransform(TWILIO_MULAW_8K).process
+    for frame in frames:
+        process(frame)
+
+
+def us_per_frame(
+    run: Callable[[Sequence[T]], None],
+    items: Sequence[T],
+    *,
+    runs: int = DEFAULT_RUNS,
+    passes: int = DEFAULT_PASSES,
+) -> float:
+    """Median over ``runs`` of the µs per item of ``run(items)`` repeated ``passes`` times."""
+    run(items)  # warm-up: imports, soxr filter plans, allocator caches
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter_ns()
+        for _ in range(passes):
+            run(items)
+        elapsed_ns = time.perf_counter_ns() - start
+        samples.append(elapsed_ns / 1000 / (passes * len(items)))
+    return statistics.median(samples)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the figures; with ``--check``, exit 1 when a goal is missed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS)
+    parser.add_argument("--passes", type=int, default=DEFAULT_PASSES)
+    parser.add_argument("--check", action="store_true", help="exit 1 if a goal is missed")
+    args = parser.parse_args(argv)
+
+    speech = load_speech()
+    mulaw = ulaw_encode(speech)
+    messages = twilio_media_messages(mulaw)
+    payloads = [mulaw[i : i + TWILIO_CHUNK_BYTES] for i in range(0, len(mulaw), TWILIO_CHUNK_BYTES)]
+    frames = canonical_frames(speech)
+    assert all(len(frame) == CANONICAL_FRAME_BYTES for frame in frames)
+
+    options = {"runs": args.runs, "passes": args.passes}
+    inbound = us_per_frame(run_inbound, messages, **options)
+    inbound_media = us_per_frame(run_inbound_media, payloads, **options)
+    outbound = us_per_frame(run_outbound, frames, **options)
+    outbound_media = us_per_frame(run_outbound_media, frames, **options)
+
+    print(
+        f"python {platform.python_version()}, soxr {soxr.__version__} ({DEFAULT_QUALITY}), "
+        f"{len(payloads)} frames x {args.passes} passes, median of {args.runs} runs"
+    )
+    print(f"inbound transform: {inbound:.1f} µs/frame (goal ≤ {INBOUND_GOAL_US:g})")
+    print(
+        f"  media part alone (μ-law decode, resample 8k->24k, frame): {inbound_media:.1f} µs/frame"
+    )
+    print(f"outbound transform: {outbound:.1f} µs/frame (goal ≤ {OUTBOUND_GOAL_US:g})")
+    print(f"  media part alone (resample 24k->8k, μ-law encode): {outbound_media:.1f} µs/frame")
+
+    met = inbound <= INBOUND_GOAL_US and outbound <= OUTBOUND_GOAL_US
+    if not met:
+        print("goal missed", file=sys.stderr)
+    return 1 if args.check and not met else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

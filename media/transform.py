@@ -1,0 +1,125 @@
+"""Per-call, per-direction conversion between a leg's wire format and canonical PCM.
+
+Inbound: wire payload -> PCM16 at the wire rate -> streaming resample to
+24 kHz -> 480-sample canonical frames. Outbound: canonical PCM16 24 kHz ->
+streaming resample to the wire rate -> wire encoding. Each instance holds the
+resampler and framer state of one direction of one call.
+"""
+
+from __future__ import annotations
+
+from media.formats import CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE, MediaFormat
+from media.framer import Framer
+from media.g711 import decode, encode
+from media.resample import DEFAULT_STEADY, StreamResampler
+
+__all__ = ["InboundTransform", "OutboundTransform", "UnsupportedFormatError"]
+
+
+class UnsupportedFormatError(ValueError):
+    """A wire format the media transform cannot convert (e.g. more than one channel)."""
+
+    reason = "unsupported_media_format"
+
+
+def _check_format(wire_format: MediaFormat) -> None:
+    if wire_format.channels != 1:
+        raise UnsupportedFormatError(f"only mono is supported, got {wire_format.channels} channels")
+    if wire_format.sample_rate <= 0:
+        raise UnsupportedFormatError(f"bad sample rate {wire_format.sample_rate}")
+
+
+class InboundTransform:
+    """Caller audio: wire payloads in, canonical 24 kHz 480-sample frames out."""
+
+    __slots__ = ("_encoding", "_framer", "_resampler", "_wire_format")
+
+    def __init__(self, wire_format: MediaFormat, *, steady: bool = DEFAULT_STEADY) -> None:
+        _check_format(wire_format)
+        self._wire_format = wire_format
+        self._encoding = wire_format.encoding
+        self._resampler = StreamResampler(
+            wire_format.sample_rate, CANONICAL_SAMPLE_RATE, steady=steady
+        )
+        self._framer = Framer(CANONICAL_FRAME_SAMPLES)
+
+    @property
+    def wire_format(self) -> MediaFormat:
+        """The leg's inbound wire format."""
+        return self._wire_format
+
+    def process(self, payload: bytes) -> list[bytes]:
+        """Convert one wire payload (any length); return the canonical frames it completes.
+
+        An L16 payload of odd byte length raises
+        :class:`~media.g711.PcmLengthError` (a ``ValueError``) and changes no state.
+        """
+        pcm = decode(payload, self._encoding)
+        return self._framer.push(self._resampler.process(pcm))
+
+
+#: Silent canonical frames fed through the outbound resampler when it is created
+#: or reset. soxr's steady engine emits nothing for the first 20 ms chunk and
+#: 15 ms for the second (measured, 24 kHz -> 8 kHz); primed, every 20 ms frame
+#: the pacer releases leaves as exactly 20 ms of wire audio, so the provider
+#: queue is never short of what the pacer believes it sent.
+OUTBOUND_PRIME_FRAMES = 2
+#: Silent frames pushed through to release the resampler's ~25 ms of held audio
+#: at the end of a response without breaking the stream (see ``drain``).
+OUTBOUND_DRAIN_FRAMES = 2
+_SILENT_FRAME = bytes(CANONICAL_FRAME_SAMPLES * 2)
+
+
+class OutboundTransform:
+    """Assistant audio: canonical 24 kHz PCM16 in, wire payloads out."""
+
+    __slots__ = ("_encoding", "_resampler", "_wire_format")
+
+    def __init__(self, wire_format: MediaFormat, *, steady: bool = DEFAULT_STEADY) -> None:
+        _check_format(wire_format)
+        self._wire_format = wire_format
+        self._encoding = wire_format.encoding
+        self._resampler = StreamResampler(
+            CANONICAL_SAMPLE_RATE, wire_format.sample_rate, steady=steady
+        )
+        self._prime()
+
+    def _prime(self) -> None:
+        if not self._resampler.passthrough:
+            for _ in range(OUTBOUND_PRIME_FRAMES):
+                self._resampler.process(_SILENT_FRAME)
+
+    def drain(self) -> bytes:
+        """Release the audio the resampler still holds, followed by a little silence.
+
+        For the end of a response, when nothing else will push it out: the
+        stream stays continuous (no reset), so the next response starts clean.
+        """
+        if self._resampler.passthrough:
+            return b""
+        out = b"".join(self._resampler.process(_SILENT_FRAME) for _ in range(OUTBOUND_DRAIN_FRAMES))
+        return encode(out, self._encoding)
+
+    @property
+    def wire_format(self) -> MediaFormat:
+        """The leg's outbound wire format."""
+        return self._wire_format
+
+    def process(self, pcm: bytes) -> bytes:
+        """Convert canonical s16le (any whole number of samples) to a wire payload.
+
+        The result may be empty or longer than the input's duration: the
+        resampler releases its output in blocks (see :mod:`media.resample`).
+        """
+        return encode(self._resampler.process(pcm), self._encoding)
+
+    def flush(self) -> bytes:
+        """End of the stream: the resampler's held-back tail, encoded; then ready for more."""
+        tail = encode(self._resampler.flush(), self._encoding)
+        self._prime()
+        return tail
+
+    def reset(self) -> None:
+        """Barge-in: drop audio held in the resampler so none of it is ever sent."""
+        self._resampler.reset()
+        self._prime()

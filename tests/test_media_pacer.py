@@ -1,0 +1,234 @@
+"""Pacer: real-time release with a bounded lead, on a fake clock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES, FRAME_MS
+from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS, Pacer, PacerState
+from media.playout import PlayoutBuffer, PlayoutFrame
+
+FRAME = bytes(CANONICAL_FRAME_BYTES)
+
+
+def _audio(ms: float) -> bytes:
+    return bytes(2 * int(ms * 24))
+
+
+@dataclass
+class Call:
+    """Drives a pacer the way the glue does: poll on new audio and at next_poll_ms()."""
+
+    buffer: PlayoutBuffer = field(default_factory=PlayoutBuffer)
+    lead_ms: float = DEFAULT_LEAD_MS
+    start_ms: float = DEFAULT_START_MS
+    now: float = 0.0
+    sent: list[tuple[float, PlayoutFrame]] = field(default_factory=list)
+    max_lead_seen: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.pacer = Pacer(self.buffer, lead_ms=self.lead_ms, start_ms=self.start_ms)
+
+    def state(self) -> PacerState:
+        # A call, not the property: keeps mypy from narrowing it across polls.
+        return self.pacer.state
+
+    def poll(self, now: float) -> list[PlayoutFrame]:
+        assert now >= self.now
+        self.now = now
+        frames = self.pacer.poll(now)
+        self.sent.extend((now, frame) for frame in frames)
+        lead = self.pacer.lead_ms_now(now)
+        self.max_lead_seen = max(self.max_lead_seen, lead)
+        assert lead <= max(self.lead_ms, FRAME_MS) + 1e-6
+        return frames
+
+    def push(self, now: float, pcm: bytes, item: str | None) -> list[PlayoutFrame]:
+        self.buffer.push(pcm, item)
+        return self.poll(now)
+
+    def run_until(
+        self, end: float, arrivals: Sequence[tuple[float, bytes, str | None]] = ()
+    ) -> None:
+        pending = sorted(arrivals, key=lambda a: a[0])
+        for _ in range(100_000):
+            wake = self.pacer.next_poll_ms(self.now)
+            if wake is not None:
+                assert wake >= self.now
+            candidates = [t for t in (wake, pending[0][0] if pending else None) if t is not None]
+            if not candidates or min(candidates) > end:
+                self.now = end
+                return
+            t = min(candidates)
+            if pending and pending[0][0] == t:
+                _, pcm, item = pending.pop(0)
+                self.push(t, pcm, item)
+            else:
+                before = (self.pacer.state, self.pacer.frames_sent)
+                self.poll(t)
+                # A poll at the requested time must make progress (no busy loop).
+                assert (self.pacer.state, self.pacer.frames_sent) != before
+        raise AssertionError("pacer did not settle")
+
+    def frames_by(self, t: float) -> int:
+        return sum(1 for when, _ in self.sent if when <= t)
+
+
+def test_defaults() -> None:
+    pacer = Pacer(PlayoutBuffer())
+    assert DEFAULT_LEAD_MS <= 60
+    assert pacer.state is PacerState.IDLE
+    assert pacer.next_poll_ms(5.0) is None
+    assert pacer.poll(5.0) == []
+    assert pacer.lead_ms_now(5.0) == 0
+    assert (pacer.frames_sent, pacer.underruns, pacer.underrun_ms) == (0, 0, 0.0)
+
+
+def test_steady_arrival_never_leads_more_than_lead_ms() -> None:
+    call = Call()
+    arrivals = [(1000.0 + 20.0 * i, FRAME, "a") for i in range(200)]
+    call.run_until(6000.0, arrivals)
+    assert call.pacer.frames_sent == 200
+    assert call.max_lead_seen <= DEFAULT_LEAD_MS
+    # Real time: the n-th frame never leaves before its slot minus the lead.
+    first = call.sent[0][0]
+    for n, (when, _) in enumerate(call.sent):
+        assert first + n * FRAME_MS - DEFAULT_LEAD_MS <= when
+    assert call.state() is PacerState.STARVED
+    assert call.pacer.underruns == 0
+
+
+def test_jittery_arrival_is_smoothed() -> None:
+    call = Call()
+    # Frames arrive in pairs every 40 ms (same average rate, 20 ms of jitter).
+    arrivals = [(40.0 * (i // 2), FRAME, "a") for i in range(100)]
+    call.run_until(3000.0, arrivals)
+    assert call.pacer.frames_sent == 100
+    assert call.pacer.underruns == 0
+
+
+def test_burst_comes_out_at_real_time() -> None:
+    call = Call()
+    call.push(0.0, _audio(2000), "a")
+    assert call.state() is PacerState.PLAYING  # 2 s >= start threshold
+    assert len(call.sent) == 3  # the lead: 60 ms
+    call.run_until(2000.0)
+    for t in range(0, 2001, 5):
+        # At most lead_ms ahead of real time at every instant.
+        assert call.frames_by(t) * FRAME_MS <= t + DEFAULT_LEAD_MS
+    assert call.frames_by(1940.0) == 100
+    assert call.frames_by(1919.0) == 98
+    assert call.max_lead_seen == DEFAULT_LEAD_MS
+    assert call.buffer.buffered_samples == 0
+
+
+def test_start_threshold_by_amount_or_time() -> None:
+    call = Call()
+    assert call.push(0.0, FRAME, "a") == []  # 20 ms < 40 ms
+    assert call.state() is PacerState.PRIMING
+    assert call.pacer.next_poll_ms(0.0) == DEFAULT_START_MS
+    assert call.poll(39.0) == []
+    assert len(call.poll(40.0)) == 1  # waited long enough
+    assert call.state() is PacerState.PLAYING
+
+    call = Call()
+    assert call.push(0.0, FRAME, "a") == []
+    assert len(call.push(10.0, FRAME, "a")) == 2  # 40 ms buffered
+    assert call.pacer.next_poll_ms(10.0) == 50.0  # empty: the starvation check
+
+
+def test_padded_tail() -> None:
+    call = Call()
+    call.push(0.0, _audio(500 / 24), "a")  # 500 samples: one frame and 20 samples
+    call.run_until(40.0)
+    assert [f.audio_samples for _, f in call.sent] == [480]
+    # 20 samples left; the provider has 20 ms queued: wait for more audio...
+    assert call.pacer.next_poll_ms(40.0) == 60.0
+    call.run_until(59.0)
+    assert len(call.sent) == 1
+    # ...until the queue is about to run dry, then send the tail padded.
+    call.run_until(60.0)
+    tail = call.sent[-1][1]
+    assert tail.audio_samples == 20
+    assert len(tail.pcm) == CANONICAL_FRAME_BYTES
+    assert call.state() is PacerState.PLAYING
+    call.run_until(200.0)
+    assert call.state() is PacerState.STARVED
+    assert call.pacer.next_poll_ms(200.0) is None
+
+
+def test_partial_frame_is_completed_when_audio_arrives_in_time() -> None:
+    call = Call()
+    call.push(0.0, _audio(40) + bytes(2 * 100), "a")
+    call.run_until(25.0, [(25.0, bytes(2 * 380), "a")])
+    assert all(f.audio_samples == CANONICAL_FRAME_SAMPLES for _, f in call.sent)
+    assert call.pacer.frames_sent == 3
+
+
+def test_underrun_counted_for_a_mid_item_gap() -> None:
+    call = Call()
+    call.push(0.0, _audio(100), "a")
+    call.run_until(120.0)
+    assert call.state() is PacerState.STARVED  # provider ran dry at 100 ms
+    call.push(150.0, _audio(100), "a")
+    assert call.pacer.underruns == 1
+    assert call.pacer.underrun_ms == 50.0
+    assert call.state() is PacerState.PLAYING  # 100 ms >= start threshold
+    call.run_until(400.0)
+    assert call.pacer.frames_sent == 10
+
+
+@pytest.mark.parametrize(("first", "second"), [("a", "b"), (None, None), ("a", None)])
+def test_no_underrun_between_items_or_without_items(first: str | None, second: str | None) -> None:
+    call = Call()
+    call.push(0.0, _audio(100), first)
+    call.run_until(120.0)
+    assert call.state() is PacerState.STARVED
+    call.push(150.0, _audio(100), second)
+    assert call.pacer.underruns == 0
+    assert call.pacer.underrun_ms == 0.0
+
+
+def test_clear_is_a_barge_in() -> None:
+    call = Call()
+    call.push(0.0, _audio(1000), "a")
+    call.run_until(100.0)
+    sent_before = call.pacer.frames_sent
+    assert call.pacer.lead_ms_now(100.0) == 60.0
+    assert call.pacer.clear(100.0) == 1000 - sent_before * FRAME_MS
+    assert call.state() is PacerState.IDLE
+    assert call.pacer.lead_ms_now(100.0) == 0
+    assert call.pacer.next_poll_ms(100.0) is None
+    assert call.buffer.played_ms("a") == sent_before * FRAME_MS
+    # The same item resuming after a clear is not an underrun.
+    call.push(300.0, _audio(100), "a")
+    assert call.pacer.underruns == 0
+    assert call.state() is PacerState.PLAYING
+
+
+def test_next_poll_is_never_in_the_past() -> None:
+    call = Call()
+    call.push(0.0, _audio(20), "a")
+    assert call.pacer.next_poll_ms(500.0) == 500.0
+    call.buffer.clear()  # emptied behind the pacer's back while priming
+    assert call.pacer.poll(600.0) == []
+    assert call.state() is PacerState.IDLE
+
+
+def test_unrounded_clock_readings_make_progress() -> None:
+    # Real clocks give arbitrary floats; a poll at next_poll_ms() must still send.
+    call = Call()
+    call.now = 1234.567891
+    call.push(call.now, _audio(1000), "a")
+    call.run_until(call.now + 1000.0)
+    assert call.pacer.frames_sent == 50
+
+
+def test_frame_size_mismatch_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        Pacer(PlayoutBuffer(frame_samples=160))
+    with pytest.raises(ValueError):
+        Pacer(PlayoutBuffer(), lead_ms=-1)
