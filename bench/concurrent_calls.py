@@ -1,0 +1,189 @@
+"""How many simultaneous echo calls one gateway process carries, and what each costs.
+
+Runs the gateway (uvicorn, one process, pinned to one core) and the echo brain
+(its own process) and drives N simultaneous simulated Twilio calls of the
+recorded speech fixture from this process (pinned to the other core, with the
+brain). For each N it reports, side by side:
+
+- gateway-side: playout underruns and the p99 pacer wake-up lateness (the
+  outbound pacing jitter) from the gateway's own /metrics, its CPU use;
+- caller-side (the simulator): gaps heard, p99 inter-arrival jitter;
+- the gateway's RSS, and RSS growth per added call.
+
+A level passes with zero underruns and p99 pacing jitter ≤ 10 ms (issue goal).
+Usage: ``python bench/concurrent_calls.py [--levels 25,50,100,150,200] [--seconds 20]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.launcher import LOOPBACK, echo_brain_process, gateway_process
+from trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator, read_wav_8k
+
+SPEECH_WAV = Path(__file__).resolve().parent.parent / "tests/fixtures/audio/caller_speech_8k.wav"
+#: Goal from the foundation issue: p99 outbound pacing jitter ≤ 10 ms.
+JITTER_GOAL_MS = 10.0
+#: Calls are started over this long so the webhook burst does not dominate.
+RAMP_S = 2.0
+
+
+@dataclass
+class LevelResult:
+    calls: int
+    completed: int
+    underruns: float
+    pacer_p99_ms: float
+    caller_gaps: int
+    caller_jitter_p99_ms: float
+    gateway_cpu_pct: float
+    rss_mib: float
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.completed == self.calls
+            and self.underruns == 0
+            and self.pacer_p99_ms <= JITTER_GOAL_MS
+        )
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = sample.name
+            if "le" in sample.labels:
+                key += f"|{sample.labels['le']}"
+            values[key] = values.get(key, 0.0) + sample.value
+    return values
+
+
+def histogram_p99_ms(before: dict[str, float], after: dict[str, float]) -> float:
+    """p99 of the pacer-lateness histogram over the interval, in ms (bucket upper bound)."""
+    prefix = "rutster_pacer_lateness_seconds_bucket|"
+    buckets = sorted(
+        (float(k.split("|")[1]), after[k] - before.get(k, 0.0))
+        for k in after
+        if k.startswith(prefix)
+    )
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return 0.0
+    for bound, count in buckets:
+        if count >= 0.99 * total:
+            return bound * 1000.0
+    return float("inf")
+
+
+async def run_level(
+    url: str, token: str, calls: int, pcm: bytes, gw: psutil.Process
+) -> LevelResult:
+    before = scrape(url)
+    sims = [TwilioSimulator(url, auth_token=token) for _ in range(calls)]
+
+    async def one(i: int) -> SimulatedCallResult | None:
+        await asyncio.sleep(RAMP_S * i / calls)
+        try:
+            return await sims[i].place_call(pcm, tail_s=1.0)
+        except Exception as exc:  # a failed call is a failed level, not a crashed bench
+            print(f"    call {i} failed: {type(exc).__name__}: {exc}")
+            return None
+
+    gw.cpu_percent(None)
+    task = asyncio.gather(*(one(i) for i in range(calls)))
+    await asyncio.sleep(RAMP_S + len(pcm) / 2 / 8000 / 2)
+    rss = gw.memory_info().rss / 2**20
+    cpu = gw.cpu_percent(None)
+    results = [r for r in await task if r is not None]
+    after = scrape(url)
+    jitters = [r.inter_arrival_jitter_ms(99.0) for r in results]
+    return LevelResult(
+        calls=calls,
+        completed=len(results),
+        underruns=after.get("rutster_playout_underruns_total", 0.0)
+        - before.get("rutster_playout_underruns_total", 0.0),
+        pacer_p99_ms=histogram_p99_ms(before, after),
+        caller_gaps=sum(r.heard_gaps for r in results),
+        caller_jitter_p99_ms=max(jitters) if jitters else 0.0,
+        gateway_cpu_pct=cpu,
+        rss_mib=rss,
+    )
+
+
+async def bench(levels: list[int], seconds: float) -> None:
+    pcm = read_wav_8k(SPEECH_WAV)[: int(seconds * 8000) * 2]
+    token = secrets.token_urlsafe(16)
+    cores = os.sched_getaffinity(0)
+    gateway_core = {min(cores)}
+    other = (cores - gateway_core) or gateway_core
+    os.sched_setaffinity(0, other)
+    with echo_brain_process() as brain:
+        psutil.Process(brain.proc.pid).cpu_affinity(list(other))
+        env = {
+            "RUTSTER_TAP_URL": f"ws://{LOOPBACK}:{brain.port}/echo",
+            "TWILIO_AUTH_TOKEN": token,
+            "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
+        }
+        with gateway_process(env) as gateway:
+            gw = psutil.Process(gateway.proc.pid)
+            gw.cpu_affinity(list(gateway_core))
+            url = f"http://{LOOPBACK}:{gateway.port}"
+            await asyncio.sleep(0.5)
+            idle_rss = gw.memory_info().rss / 2**20
+            print(
+                f"gateway pid {gw.pid} on core {sorted(gateway_core)}, load + brain on "
+                f"{sorted(other)}; {seconds:.0f} s of speech per call; idle RSS {idle_rss:.1f} MiB"
+            )
+            print(
+                f"{'calls':>6} {'done':>5} {'underruns':>9} {'pacer p99':>10} {'caller gaps':>11} "
+                f"{'caller p99':>10} {'gw CPU':>7} {'gw RSS':>8}  result"
+            )
+            rows: list[LevelResult] = []
+            for calls in levels:
+                row = await run_level(url, token, calls, pcm, gw)
+                rows.append(row)
+                print(
+                    f"{row.calls:>6} {row.completed:>5} {row.underruns:>9.0f} "
+                    f"{row.pacer_p99_ms:>8.1f}ms {row.caller_gaps:>11} "
+                    f"{row.caller_jitter_p99_ms:>8.1f}ms {row.gateway_cpu_pct:>6.0f}% "
+                    f"{row.rss_mib:>6.1f}Mi  {'pass' if row.passed else 'FAIL'}"
+                )
+                await asyncio.sleep(1.0)
+            passing = [r.calls for r in rows if r.passed]
+            print(f"largest passing level: {max(passing) if passing else 0} calls (goal ≥ 150)")
+            if len(rows) >= 2:
+                per_call = [(r.rss_mib - idle_rss) / r.calls * 1024 for r in rows if r.calls >= 10]
+                print(
+                    f"RSS growth per added call: {statistics.median(per_call):.0f} KiB "
+                    f"(median over levels; goal ≤ 1024 KiB)"
+                )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--levels", default="25,50,100,150,200")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(bench([int(x) for x in args.levels.split(",")], args.seconds))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,384 @@
+"""The per-call object: ingress events ↔ media transforms ↔ tap client ↔ playout ↔ pacer.
+
+One ``Call`` exists per live media stream. It is provider-neutral: a trunk
+adapter feeds it :mod:`trunk.events` and gives it a ``CallEdge`` to send
+commands back. The sans-I/O parts (transforms, ``PlayoutBuffer``, ``Pacer``)
+do the work; this module is the asyncio glue. It owns exactly two tasks (the
+brain connection and the pacer) plus an optional grace watchdog, and ``end()``
+leaves none behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from brains.tap import (
+    AdvisorySpeechStarted,
+    AdvisorySpeechStopped,
+    AudioClear,
+    AudioOut,
+    AudioSpec,
+    BrainError,
+    BrainEvent,
+    BrainHello,
+    Bye,
+    CallInfo,
+    Dtmf,
+    FunctionCall,
+    FunctionCallOutput,
+    Hello,
+    SessionEndReason,
+    ToolStatus,
+    ToolsUpdate,
+    Usage,
+)
+from gateway.config import GatewayConfig
+from gateway.metrics import GatewayMetrics
+from gateway.tap_client import TapClient
+from media.pacer import Pacer, PacerState
+from media.playout import PlayoutBuffer
+from media.transform import InboundTransform, OutboundTransform
+from trunk.events import (
+    AudioReceived,
+    ClearPlayback,
+    DtmfReceived,
+    IngressCommand,
+    IngressEvent,
+    MarkPlayed,
+    PlaceMark,
+    PlayAudio,
+    StreamConnected,
+    StreamStarted,
+    StreamStopped,
+)
+
+log = logging.getLogger(__name__)
+
+#: Release the outbound resampler's held tail when the provider has this little
+#: audio left to play and nothing more is buffered: early enough that the tail
+#: arrives before the caller's queue runs dry, late enough that a brain which is
+#: merely a little late (echo: one frame at a time) is not cut by inserted silence.
+DRAIN_LEAD_MS = 10.0
+#: How often the grace watchdog looks at the brain's state (when a grace period is set).
+GRACE_CHECK_INTERVAL_S = 0.25
+
+
+def monotonic_ms() -> float:
+    """The gateway's clock: monotonic milliseconds."""
+    return time.monotonic() * 1000.0
+
+
+class CallEdge(Protocol):
+    """How a call talks back to its provider leg (one per trunk adapter)."""
+
+    async def send(self, command: IngressCommand) -> None:
+        """Send one command (audio, mark, clear) to the provider."""
+
+    async def close(self, reason: str) -> None:
+        """End the provider leg's media stream."""
+
+
+class Call:
+    """One live call, from its ``StreamStarted`` to ``end()``."""
+
+    def __init__(
+        self,
+        started: StreamStarted,
+        *,
+        tap_url: str,
+        config: GatewayConfig,
+        metrics: GatewayMetrics,
+        edge: CallEdge,
+        clock_ms: Callable[[], float] = monotonic_ms,
+    ) -> None:
+        self.context = started.call
+        self.session_id = "ses_" + secrets.token_hex(8)
+        self.tap_url = tap_url
+        self._config = config
+        self._metrics = metrics
+        self._edge = edge
+        self._clock_ms = clock_ms
+        self._inbound = InboundTransform(started.media_format)
+        self._outbound = OutboundTransform(started.media_format)
+        self.playout = PlayoutBuffer(max_ms=config.playout_max_ms)
+        self.pacer = Pacer(
+            self.playout, lead_ms=config.pacer_lead_ms, start_ms=config.pacer_start_ms
+        )
+        self.tap = TapClient(
+            tap_url,
+            make_hello=self._hello,
+            on_event=self._on_brain_event,
+            metrics=metrics,
+            clock_ms=clock_ms,
+            call_label=self.session_id,
+        )
+        self._wake = asyncio.Event()
+        self._clear_pending = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ending = False
+        self.ended = asyncio.Event()
+        self.end_reason: SessionEndReason | None = None
+        self.started_ms = clock_ms()
+        self.tools: ToolsUpdate | None = None
+        self.brain: BrainHello | None = None
+        # Counters for the end-of-call log line and tests (Prometheus has the totals).
+        self.frames_in = 0
+        self.frames_to_brain = 0
+        self.frames_out = 0
+        self.marks_sent = 0
+        self.last_mark_played: str | None = None
+        self._underruns_reported = 0
+        self._underrun_ms_reported = 0.0
+
+    # ---- lifecycle ----------------------------------------------------------
+
+    @property
+    def tasks(self) -> tuple[asyncio.Task[None], ...]:
+        """The asyncio tasks this call owns (all done after ``end()``)."""
+        return tuple(self._tasks)
+
+    async def start(self) -> None:
+        """Start dialling the brain and the pacer."""
+        self._metrics.active_calls.inc()
+        self._metrics.calls_total.inc()
+        label = self.session_id
+        self._tasks.append(asyncio.create_task(self.tap.run(), name=f"{label}:tap"))
+        self._tasks.append(asyncio.create_task(self._pace(), name=f"{label}:pacer"))
+        if self._config.brain_grace_ms > 0:
+            self._tasks.append(asyncio.create_task(self._watch_grace(), name=f"{label}:grace"))
+        self._metrics.call_tasks.inc(len(self._tasks))
+        log.info(
+            "call %s started: provider=%s call_id=%s direction=%s brain=%s",
+            label,
+            self.context.provider,
+            self.context.call_id,
+            self.context.direction.value,
+            self.tap_url,
+        )
+
+    async def end(self, reason: SessionEndReason) -> None:
+        """End the call: ``session_end`` to the brain, close the tap, stop all tasks.
+
+        Idempotent: a second call waits for the first to finish.
+        """
+        if self._ending:
+            await self.ended.wait()
+            return
+        self._ending = True
+        self.end_reason = reason
+        try:
+            await self.tap.close(reason)
+        finally:
+            current = asyncio.current_task()
+            for task in self._tasks:
+                if task is not current:
+                    task.cancel()
+            for task in self._tasks:
+                if task is not current:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            self._metrics.call_tasks.dec(len(self._tasks))
+            self._metrics.active_calls.dec()
+            self._report_underruns()
+            self.ended.set()
+            log.info(
+                "call %s ended (%s): %.1fs, frames in=%d to_brain=%d out=%d, "
+                "underruns=%d, overflow_dropped_ms=%d, brain_connections=%d",
+                self.session_id,
+                reason.value,
+                (self._clock_ms() - self.started_ms) / 1000,
+                self.frames_in,
+                self.frames_to_brain,
+                self.frames_out,
+                self.pacer.underruns,
+                self.playout.dropped_samples * 1000 // 24_000,
+                self.tap.connections,
+            )
+
+    def _hello(self, resume: bool) -> Hello:
+        ctx = self.context
+        return Hello(
+            session_id=self.session_id,
+            resume=resume,
+            call=CallInfo(
+                id=ctx.call_id,
+                direction=ctx.direction.value,
+                from_=ctx.from_,
+                to=ctx.to,
+                provider=ctx.provider,
+            ),
+            audio=AudioSpec(),
+        )
+
+    # ---- provider -> core ---------------------------------------------------
+
+    async def on_ingress(self, event: IngressEvent) -> None:
+        """Handle one event from the provider leg."""
+        if isinstance(event, AudioReceived):
+            await self._on_audio(event.payload)
+        elif isinstance(event, DtmfReceived):
+            await self.tap.send(Dtmf(event.digit), kind="dtmf")
+        elif isinstance(event, MarkPlayed):
+            self.last_mark_played = event.name
+        elif isinstance(event, StreamStopped):
+            await self.end(SessionEndReason.CALLER_HANGUP)
+        elif isinstance(event, StreamConnected | StreamStarted):
+            # The adapter consumed these before the call existed; a repeat is harmless.
+            pass
+
+    async def _on_audio(self, payload: bytes) -> None:
+        try:
+            frames = self._inbound.process(payload)
+        except ValueError:
+            self._metrics.bad_messages.labels("provider", "bad_audio").inc()
+            return
+        tap = self.tap
+        sent = 0
+        for frame in frames:
+            if await tap.send_audio_in(frame):
+                sent += 1
+        if frames:
+            self.frames_in += len(frames)
+            self.frames_to_brain += sent
+            self._metrics.frames_in.inc(len(frames))
+            if sent:
+                self._metrics.frames_to_brain.inc(sent)
+
+    # ---- brain -> core ------------------------------------------------------
+
+    async def _on_brain_event(self, event: BrainEvent) -> None:
+        if isinstance(event, AudioOut):
+            dropped = self.playout.push(event.pcm, event.item)
+            if dropped:
+                self._metrics.playout_overflow_drops.inc()
+                self._metrics.playout_overflow_dropped_ms.inc(dropped * 1000 / 24_000)
+            self._wake.set()
+            return
+        self._metrics.brain_events.labels(type(event).__name__).inc()
+        if isinstance(event, AudioClear):
+            self._clear_playout()
+        elif isinstance(event, FunctionCall):
+            # The tool registry arrives with the realtime-brain work; until then every
+            # proposal gets its one answer, so the model is never left waiting.
+            await self.tap.send(
+                FunctionCallOutput(
+                    id=event.id,
+                    status=ToolStatus.NOT_IMPLEMENTED,
+                    result={"error": f"tool {event.name!r} is not implemented by this gateway"},
+                ),
+                kind="function_call_output",
+            )
+        elif isinstance(event, ToolsUpdate):
+            self.tools = event
+        elif isinstance(event, BrainHello):
+            self.brain = event
+            log.info("call %s: brain is %s %s", self.session_id, event.name, event.version)
+        elif isinstance(event, BrainError):
+            log.warning(
+                "call %s: brain reports error %.64s: %.200s",
+                self.session_id,
+                event.code,
+                event.message,
+            )
+        elif isinstance(event, Bye):
+            log.info("call %s: brain said bye (%.64s)", self.session_id, event.reason)
+        elif isinstance(event, Usage | AdvisorySpeechStarted | AdvisorySpeechStopped):
+            # Advisory only: the core owns turns (doctrine 1). Usage feeds the spend
+            # gate once it exists; for now it is counted.
+            pass
+
+    def _clear_playout(self) -> None:
+        discarded = self.pacer.clear(self._clock_ms())
+        self._outbound.reset()  # drop the resampler's held tail of the cut audio
+        self._clear_pending = True
+        self._wake.set()
+        log.debug("call %s: playout cleared (%d ms discarded)", self.session_id, discarded)
+
+    # ---- the pacer ----------------------------------------------------------
+
+    async def _pace(self) -> None:
+        pacer = self.pacer
+        edge = self._edge
+        wake = self._wake
+        clock = self._clock_ms
+        mark_every = self._config.mark_every_frames
+        lateness = self._metrics.pacer_lateness
+        frames_out_metric = self._metrics.frames_out
+        tail_pending = False
+        while True:
+            wake.clear()
+            if self._clear_pending:
+                self._clear_pending = False
+                await edge.send(ClearPlayback())
+            frames = pacer.poll(clock())
+            for frame in frames:
+                payload = self._outbound.process(frame.pcm)
+                if payload:
+                    await edge.send(PlayAudio(payload))
+                self.frames_out += 1
+                if self.frames_out % mark_every == 0:
+                    self.marks_sent += 1
+                    await edge.send(PlaceMark(str(self.frames_out)))
+            if frames:
+                frames_out_metric.inc(len(frames))
+                tail_pending = True
+            elif (
+                tail_pending
+                and self.playout.buffered_samples == 0
+                and (
+                    pacer.state is not PacerState.PLAYING
+                    or pacer.lead_ms_now(clock()) <= DRAIN_LEAD_MS
+                )
+            ):
+                # Playout is about to run dry: release the ~25 ms the resampler still holds.
+                tail_pending = False
+                await edge.send(PlayAudio(self._outbound.drain()))
+            if pacer.underruns != self._underruns_reported:
+                self._report_underruns()
+            now = clock()
+            deadline = pacer.next_poll_ms(now)
+            if tail_pending and self.playout.buffered_samples == 0 and deadline is not None:
+                deadline = min(deadline, now + pacer.lead_ms_now(now) - DRAIN_LEAD_MS)
+            if deadline is None:
+                await wake.wait()
+                continue
+            delay_s = (deadline - now) / 1000.0
+            if delay_s <= 0:
+                await asyncio.sleep(0)
+                continue
+            try:
+                async with asyncio.timeout(delay_s):
+                    await wake.wait()
+            except TimeoutError:
+                lateness.observe(max(0.0, clock() - deadline) / 1000.0)
+
+    def _report_underruns(self) -> None:
+        new = self.pacer.underruns - self._underruns_reported
+        if new:
+            self._metrics.playout_underruns.inc(new)
+            self._metrics.playout_underrun_ms.inc(
+                self.pacer.underrun_ms - self._underrun_ms_reported
+            )
+            self._underruns_reported = self.pacer.underruns
+            self._underrun_ms_reported = self.pacer.underrun_ms
+
+    async def _watch_grace(self) -> None:
+        grace = self._config.brain_grace_ms
+        while True:
+            await asyncio.sleep(GRACE_CHECK_INTERVAL_S)
+            down = self.tap.down_since_ms
+            if down is not None and self._clock_ms() - down > grace:
+                log.warning(
+                    "call %s: brain unreachable for more than %d ms; ending the call",
+                    self.session_id,
+                    grace,
+                )
+                await self._edge.close("brain unavailable")
+                await self.end(SessionEndReason.ERROR)
+                return

@@ -1,0 +1,164 @@
+"""Gateway configuration, read once from the environment.
+
+Secrets come from an env var or, preferably, a ``*_FILE`` variable naming a
+file (container secrets); the file wins when both are set. Secrets are never
+logged: ``GatewayConfig`` hides them from ``repr``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from gateway.tap_allowlist import TapUrlAllowlist
+from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
+from media.playout import DEFAULT_MAX_MS
+
+#: Where the gateway is reached from the internet when nothing is configured: the
+#: local dev default, matching ``rutster serve``'s default port.
+DEFAULT_PUBLIC_URL = "http://127.0.0.1:8080"
+#: The echo brain's default address (``rutster brain echo``).
+DEFAULT_TAP_URL = "ws://127.0.0.1:8081/echo"
+#: Random per-process stream-token secret length when none is configured (256 bits).
+GENERATED_SECRET_BYTES = 32
+#: Send a Twilio ``mark`` every N outbound frames (10 x 20 ms = 200 ms): enough to
+#: know what the caller has heard without doubling the message rate. Seed decision.
+DEFAULT_MARK_EVERY_FRAMES = 10
+#: How long the brain may stay unreachable before the call is ended; 0 = never
+#: (TAP_PROTOCOL.md: the brain being down never ends a call by itself unless a
+#: configured grace period runs out).
+DEFAULT_BRAIN_GRACE_MS = 0
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or malformed."""
+
+
+def read_secret(env: Mapping[str, str], name: str) -> str | None:
+    """Return secret ``name`` from ``NAME_FILE`` (wins) or ``NAME``; None when neither is set."""
+    file_var = f"{name}_FILE"
+    path = env.get(file_var)
+    if path:
+        try:
+            value = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"{file_var}: cannot read {path!r}: {exc.strerror}") from None
+        if not value:
+            raise ConfigError(f"{file_var}: {path!r} is empty")
+        return value
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def public_ws_url(public_url: str, path: str) -> str:
+    """The WebSocket URL a provider uses to reach ``path`` on the public base URL.
+
+    ``https`` becomes ``wss`` (what Twilio requires); ``http`` becomes ``ws`` (local dev).
+    """
+    parts = urlsplit(public_url)
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    base_path = parts.path.rstrip("/")
+    return urlunsplit((scheme, parts.netloc, base_path + path, "", ""))
+
+
+def public_http_url(public_url: str, path: str) -> str:
+    """The HTTP(S) URL of ``path`` on the public base URL."""
+    parts = urlsplit(public_url)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + path, "", ""))
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Everything the gateway reads from its environment."""
+
+    public_url: str = DEFAULT_PUBLIC_URL
+    tap_url: str = DEFAULT_TAP_URL
+    tap_allowlist: TapUrlAllowlist = field(default_factory=TapUrlAllowlist)
+    tap_url_by_number: Mapping[str, str] = field(default_factory=dict)
+    twilio_auth_token: str | None = field(default=None, repr=False)
+    stream_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    stream_secret_generated: bool = True
+    playout_max_ms: int = DEFAULT_MAX_MS
+    pacer_lead_ms: int = int(DEFAULT_LEAD_MS)
+    pacer_start_ms: int = int(DEFAULT_START_MS)
+    mark_every_frames: int = DEFAULT_MARK_EVERY_FRAMES
+    brain_grace_ms: int = DEFAULT_BRAIN_GRACE_MS
+
+    @property
+    def signatures_enforced(self) -> bool:
+        """True when Twilio signatures are checked (an auth token is configured)."""
+        return self.twilio_auth_token is not None
+
+    @property
+    def twilio_stream_url(self) -> str:
+        """The media-stream URL put in the TwiML (and signed by Twilio on upgrade)."""
+        return public_ws_url(self.public_url, "/twilio/stream")
+
+    @property
+    def twilio_voice_url(self) -> str:
+        """The public voice-webhook URL (what Twilio signs)."""
+        return public_http_url(self.public_url, "/twilio/voice")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> GatewayConfig:
+        """Build the configuration from ``env`` (default: ``os.environ``)."""
+        env = os.environ if env is None else env
+        public_url = env.get("RUTSTER_PUBLIC_URL", DEFAULT_PUBLIC_URL).strip() or DEFAULT_PUBLIC_URL
+        parts = urlsplit(public_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+            raise ConfigError(
+                "RUTSTER_PUBLIC_URL must be an http(s) base URL without a query, "
+                f"got {public_url!r}"
+            )
+        tap_url = env.get("RUTSTER_TAP_URL", DEFAULT_TAP_URL).strip() or DEFAULT_TAP_URL
+        allowlist = TapUrlAllowlist.parse(env.get("RUTSTER_TAP_ALLOWLIST", ""), default=tap_url)
+        by_number: dict[str, str] = {}
+        for entry in filter(
+            None, (e.strip() for e in env.get("RUTSTER_TAP_URL_BY_NUMBER", "").split(","))
+        ):
+            number, sep, url = entry.partition("=")
+            if not sep or not number.strip() or not url.strip():
+                raise ConfigError(
+                    f"RUTSTER_TAP_URL_BY_NUMBER entries are NUMBER=URL, got {entry!r}"
+                )
+            if not allowlist.allows(url.strip()):
+                raise ConfigError(
+                    f"RUTSTER_TAP_URL_BY_NUMBER: {url.strip()!r} is not on RUTSTER_TAP_ALLOWLIST"
+                )
+            by_number[number.strip()] = url.strip()
+        secret = read_secret(env, "RUTSTER_STREAM_SECRET")
+        return cls(
+            public_url=public_url,
+            tap_url=tap_url,
+            tap_allowlist=allowlist,
+            tap_url_by_number=by_number,
+            twilio_auth_token=read_secret(env, "TWILIO_AUTH_TOKEN"),
+            stream_secret=(
+                secret.encode() if secret else secrets.token_bytes(GENERATED_SECRET_BYTES)
+            ),
+            stream_secret_generated=secret is None,
+            playout_max_ms=_int(env, "RUTSTER_PLAYOUT_MAX_MS", DEFAULT_MAX_MS, minimum=20),
+            pacer_lead_ms=_int(env, "RUTSTER_PACER_LEAD_MS", int(DEFAULT_LEAD_MS)),
+            pacer_start_ms=_int(env, "RUTSTER_PACER_START_MS", int(DEFAULT_START_MS)),
+            mark_every_frames=_int(
+                env, "RUTSTER_MARK_EVERY_FRAMES", DEFAULT_MARK_EVERY_FRAMES, minimum=1
+            ),
+            brain_grace_ms=_int(env, "RUTSTER_BRAIN_GRACE_MS", DEFAULT_BRAIN_GRACE_MS),
+        )

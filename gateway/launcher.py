@@ -1,0 +1,115 @@
+"""Starting gateway and brain processes on free loopback ports (demo, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+#: How long a freshly spawned process may take to start listening.
+READY_TIMEOUT_S = 20.0
+#: Grace given to a process to exit after SIGTERM before it is killed.
+STOP_TIMEOUT_S = 5.0
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_listening(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    """Block until ``host:port`` accepts TCP connections; fail early if ``proc`` died."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s}s")
+
+
+@dataclass
+class Service:
+    """A spawned rutster process listening on ``port``."""
+
+    proc: subprocess.Popen[bytes]
+    host: str
+    port: int
+
+    def stop(self) -> int:
+        """SIGTERM, then SIGKILL if needed; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def spawn(
+    args: list[str],
+    *,
+    port: int,
+    env: Mapping[str, str] | None = None,
+    host: str = LOOPBACK,
+    quiet: bool = True,
+) -> Service:
+    """Run ``python -m gateway.cli ARGS`` and wait until it listens on ``port``."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", *args], env=full_env, stdout=out, stderr=out
+    )
+    try:
+        wait_listening(host, port, READY_TIMEOUT_S, proc)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return Service(proc=proc, host=host, port=port)
+
+
+@contextmanager
+def echo_brain_process(port: int | None = None, *, quiet: bool = True) -> Iterator[Service]:
+    """An echo brain (``rutster brain echo``) in its own process."""
+    port = port or free_port()
+    service = spawn(
+        ["brain", "echo"], port=port, env={"RUTSTER_BRAIN_BIND": f"{LOOPBACK}:{port}"}, quiet=quiet
+    )
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+@contextmanager
+def gateway_process(
+    env: Mapping[str, str], port: int | None = None, *, quiet: bool = True
+) -> Iterator[Service]:
+    """The gateway (``rutster serve``) under uvicorn in its own process."""
+    port = port or free_port()
+    service = spawn(
+        ["serve", "--host", LOOPBACK, "--port", str(port), "--log-level", "warning"],
+        port=port,
+        env={"RUTSTER_PUBLIC_URL": f"http://{LOOPBACK}:{port}", **env},
+        quiet=quiet,
+    )
+    try:
+        yield service
+    finally:
+        service.stop()

@@ -1,0 +1,104 @@
+"""Shared fixtures: the speech fixture, an in-process echo brain and gateway under real uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from brains.echo import EchoBrain
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from gateway.launcher import LOOPBACK, free_port
+from gateway.server import uvicorn_config
+from gateway.state import GatewayState
+from gateway.tap_allowlist import TapUrlAllowlist
+from trunk.twilio.simulator import read_wav_8k
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SPEECH_WAV = FIXTURES / "audio" / "caller_speech_8k.wav"
+#: Auth token used by in-process gateways (the simulator signs with it).
+TEST_AUTH_TOKEN = "test-auth-token-0123456789"
+
+
+@pytest.fixture(scope="session")
+def speech_pcm() -> bytes:
+    """The 30 s recorded-speech fixture, PCM16 8 kHz mono."""
+    return read_wav_8k(SPEECH_WAV)
+
+
+@pytest.fixture
+async def echo_brain() -> AsyncIterator[EchoBrain]:
+    """An echo brain on a free loopback port, in this process."""
+    async with EchoBrain() as brain:
+        yield brain
+
+
+class RunningGateway:
+    """A gateway app served by real uvicorn on a loopback port, in this process."""
+
+    def __init__(self, state: GatewayState, url: str) -> None:
+        self.state = state
+        self.url = url
+
+    @property
+    def config(self) -> GatewayConfig:
+        return self.state.config
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.state.metrics.registry.get_sample_value(name, labels or None)
+        return 0.0 if value is None else value
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway(config: GatewayConfig) -> AsyncIterator[RunningGateway]:
+    """Run ``config``'s app under uvicorn until the block exits."""
+    port = free_port()
+    config = replace(config, public_url=f"http://{LOOPBACK}:{port}")
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn_config(app, host=LOOPBACK, port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield RunningGateway(app.state.gateway, config.public_url)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+def gateway_config(tap_url: str, **overrides: Any) -> GatewayConfig:
+    """A secure-mode config dialling ``tap_url`` (public URL is set by ``serve_gateway``)."""
+    allow = overrides.pop("allow", "")
+    return GatewayConfig(
+        tap_url=tap_url,
+        tap_allowlist=TapUrlAllowlist.parse(allow, default=tap_url),
+        twilio_auth_token=TEST_AUTH_TOKEN,
+        stream_secret=b"s" * 32,
+        stream_secret_generated=False,
+        **overrides,
+    )
+
+
+@pytest.fixture
+async def gateway(echo_brain: EchoBrain) -> AsyncIterator[RunningGateway]:
+    """A secure-mode gateway whose default brain is the in-process echo brain."""
+    async with serve_gateway(gateway_config(echo_brain.url)) as running:
+        yield running
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait until ``check()`` is true (polling), or fail."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,346 @@
+"""Calls through the gateway under real uvicorn (in-process) with an in-process echo brain."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import httpx
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from brains.echo import EchoBrain
+from gateway.app import startup_warnings
+from gateway.config import GatewayConfig
+from media.g711 import ulaw_encode
+from tests.conftest import TEST_AUTH_TOKEN, RunningGateway, eventually
+from trunk.twilio.simulator import (
+    StreamInstructions,
+    TwilioSimulator,
+    best_lag_correlation,
+    connected_message,
+    media_message,
+    new_sid,
+    signed_headers,
+    start_message,
+    stop_message,
+)
+
+FRAME = 160  # 20 ms of 8 kHz μ-law
+
+
+def simulator(gateway: RunningGateway, token: str | None = TEST_AUTH_TOKEN) -> TwilioSimulator:
+    return TwilioSimulator(gateway.url, auth_token=token)
+
+
+async def start_stream(
+    gateway: RunningGateway, *, parameters: dict[str, str] | None = None
+) -> tuple[ClientConnection, str, StreamInstructions]:
+    """Webhook + media socket + connected/start; returns the socket and its streamSid."""
+    sim = simulator(gateway)
+    call_sid = new_sid("CA")
+    instructions = await sim.open_stream(call_sid, from_="+15550001111", to="+15550002222")
+    ws = await sim.connect_media(instructions)
+    stream_sid = new_sid("MZ")
+    await ws.send(connected_message())
+    params = parameters if parameters is not None else instructions.parameters
+    await ws.send(start_message(stream_sid, call_sid, sim.account_sid, params))
+    return ws, stream_sid, instructions
+
+
+async def send_speech(ws: ClientConnection, stream_sid: str, pcm: bytes, first_seq: int = 2) -> int:
+    mulaw = ulaw_encode(pcm)
+    seq = first_seq
+    for n in range(0, len(mulaw), FRAME):
+        await ws.send(media_message(stream_sid, seq, seq, n // 8, mulaw[n : n + FRAME]))
+        seq += 1
+        await asyncio.sleep(0.02)
+    return seq
+
+
+async def received_media(ws: ClientConnection, seconds: float) -> int:
+    """Count media messages arriving within ``seconds``."""
+    count = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    try:
+        while (left := deadline - loop.time()) > 0:
+            raw = await asyncio.wait_for(ws.recv(), left)
+            if json.loads(raw).get("event") == "media":
+                count += 1
+    except TimeoutError:
+        pass
+    return count
+
+
+async def test_echo_call_round_trip(gateway: RunningGateway, speech_pcm: bytes) -> None:
+    pcm = speech_pcm[: 4 * 8000 * 2]
+    result = await simulator(gateway).place_call(pcm, tail_s=0.8)
+    corr, lag = best_lag_correlation(pcm, result.heard_pcm)
+    assert corr >= 0.9, corr
+    assert 0 < lag / 8 < 400  # round trip in ms
+    assert result.heard_gaps == 0
+    assert result.max_queue_ms <= gateway.config.pacer_lead_ms + 5
+    assert result.marks_received > 0 and result.marks_echoed > 0
+    await eventually(lambda: not gateway.state.calls)
+    assert gateway.metric("rutster_call_tasks") == 0
+    assert gateway.metric("rutster_active_calls") == 0
+    assert gateway.metric("rutster_frames_out_total") >= 190
+
+
+async def test_call_leaves_no_tasks(gateway: RunningGateway, speech_pcm: bytes) -> None:
+    before = {t for t in asyncio.all_tasks() if not t.done()}
+    ws, stream_sid, _ = await start_stream(gateway)
+    await eventually(lambda: len(gateway.state.calls) == 1)
+    call = next(iter(gateway.state.calls.values()))
+    await eventually(lambda: call.tap.connected)
+    seq = await send_speech(ws, stream_sid, speech_pcm[: 8000 * 2])
+    await ws.send(stop_message(stream_sid, seq, "CA", "AC"))
+    async for _ in ws:  # read the last echoes until the gateway closes the socket
+        pass
+    await eventually(lambda: call.ended.is_set())
+    assert call.end_reason is not None and call.end_reason.value == "caller_hangup"
+    assert all(t.done() for t in call.tasks)
+    await eventually(lambda: {t for t in asyncio.all_tasks() if not t.done()} <= before)
+    assert gateway.metric("rutster_call_tasks") == 0
+
+
+async def test_three_calls_at_once(gateway: RunningGateway, speech_pcm: bytes) -> None:
+    pcm = speech_pcm[8000 * 2 * 5 : 8000 * 2 * 8]
+    results = await asyncio.gather(
+        *(simulator(gateway).place_call(pcm, tail_s=0.8) for _ in range(3))
+    )
+    for result in results:
+        corr, _ = best_lag_correlation(pcm, result.heard_pcm)
+        assert corr >= 0.9
+        assert result.heard_gaps == 0
+
+
+async def test_webhook_refuses_bad_signature(gateway: RunningGateway) -> None:
+    url = f"{gateway.url}/twilio/voice"
+    form = {"CallSid": "CA123", "From": "+1", "To": "+2"}
+    async with httpx.AsyncClient() as client:
+        missing = await client.post(url, data=form)
+        wrong = await client.post(url, data=form, headers={"X-Twilio-Signature": "AAAA"})
+        other_token = await client.post(
+            url, data=form, headers=signed_headers("another-token", url, form)
+        )
+        good = await client.post(url, data=form, headers=signed_headers(TEST_AUTH_TOKEN, url, form))
+    assert [missing.status_code, wrong.status_code, other_token.status_code] == [403, 403, 403]
+    assert good.status_code == 200 and "<Connect><Stream" in good.text
+    assert good.headers["content-type"].startswith("text/xml")
+    assert gateway.metric("rutster_signature_failures_total", endpoint="voice") == 3
+
+
+async def test_webhook_signature_covers_query_string(
+    gateway: RunningGateway, echo_brain: EchoBrain
+) -> None:
+    url = f"{gateway.url}/twilio/voice?brain={echo_brain.url}"
+    form = {"CallSid": "CA1", "From": "+1", "To": "+2"}
+    async with httpx.AsyncClient() as client:
+        good = await client.post(url, data=form, headers=signed_headers(TEST_AUTH_TOKEN, url, form))
+        bare = f"{gateway.url}/twilio/voice"
+        signed_without_query = await client.post(
+            url, data=form, headers=signed_headers(TEST_AUTH_TOKEN, bare, form)
+        )
+    assert good.status_code == 200
+    assert signed_without_query.status_code == 403
+
+
+async def test_webhook_bad_bodies(gateway: RunningGateway) -> None:
+    url = f"{gateway.url}/twilio/voice"
+    async with httpx.AsyncClient() as client:
+        as_json = await client.post(url, json={"CallSid": "CA1"})
+        huge = await client.post(
+            url,
+            content=b"a=" + b"x" * 70_000,
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        no_sid_form: dict[str, str] = {"From": "+1"}
+        no_sid = await client.post(
+            url, data=no_sid_form, headers=signed_headers(TEST_AUTH_TOKEN, url, no_sid_form)
+        )
+        bad_sid_form = {"CallSid": "CA<script>"}
+        bad_sid = await client.post(
+            url, data=bad_sid_form, headers=signed_headers(TEST_AUTH_TOKEN, url, bad_sid_form)
+        )
+    assert as_json.status_code == 415
+    assert huge.status_code == 413
+    assert no_sid.status_code == 400
+    assert bad_sid.status_code == 400
+
+
+async def test_brain_override_must_be_allowlisted(gateway: RunningGateway) -> None:
+    evil = "ws://169.254.169.254/latest"
+    url = f"{gateway.url}/twilio/voice?brain={evil}"
+    form = {"CallSid": "CA1", "From": "+1", "To": "+2"}
+    async with httpx.AsyncClient() as client:
+        response = await client.post(
+            url, data=form, headers=signed_headers(TEST_AUTH_TOKEN, url, form)
+        )
+    assert response.status_code == 403
+    assert gateway.metric("rutster_tap_url_rejections_total") == 1
+
+
+async def test_upgrade_with_bad_signature_is_refused(gateway: RunningGateway) -> None:
+    stream_url = gateway.config.twilio_stream_url
+    with pytest.raises(InvalidStatus) as refused:
+        await connect(stream_url, additional_headers={"X-Twilio-Signature": "bogus"})
+    assert refused.value.response.status_code == 403
+    assert gateway.metric("rutster_signature_failures_total", endpoint="stream") == 1
+
+
+async def test_wrong_stream_token_closes_before_brain(
+    gateway: RunningGateway, echo_brain: EchoBrain
+) -> None:
+    sim = simulator(gateway)
+    instructions = await sim.open_stream(new_sid("CA"), from_="+1", to="+2")
+    tampered = dict(instructions.parameters, rutster_token="A" * 43)
+    ws, _, _ = await start_stream(gateway, parameters=tampered)
+    with pytest.raises(ConnectionClosed):
+        while True:
+            await ws.recv()
+    assert ws.close_code == 1008
+    assert ws.close_reason == "invalid stream token"
+    assert gateway.metric("rutster_stream_token_failures_total") == 1
+    assert echo_brain.connections == 0
+    assert not gateway.state.calls
+
+
+async def test_token_is_bound_to_the_call_sid(gateway: RunningGateway) -> None:
+    sim = simulator(gateway)
+    instructions = await sim.open_stream(new_sid("CA"), from_="+1", to="+2")
+    ws = await sim.connect_media(instructions)
+    await ws.send(connected_message())
+    # A valid token replayed for another call is refused.
+    await ws.send(start_message(new_sid("MZ"), new_sid("CA"), "AC1", instructions.parameters))
+    with pytest.raises(ConnectionClosed):
+        while True:
+            await ws.recv()
+    assert ws.close_reason == "invalid stream token"
+
+
+async def test_bad_provider_messages_are_dropped_and_counted(
+    gateway: RunningGateway, speech_pcm: bytes
+) -> None:
+    ws, stream_sid, _ = await start_stream(gateway)
+    await eventually(lambda: len(gateway.state.calls) == 1)
+    call = next(iter(gateway.state.calls.values()))
+    await eventually(lambda: call.tap.connected)
+    bad = [
+        "{not json",
+        "[1, 2]",
+        json.dumps({"event": "media", "streamSid": stream_sid, "media": {"payload": "@@@"}}),
+        json.dumps({"event": "surprise", "streamSid": stream_sid}),
+        json.dumps(
+            {
+                "event": "media",
+                "streamSid": stream_sid,
+                "media": {"payload": base64.b64encode(b"\xff" * 70_000).decode()},
+            }
+        ),
+        json.dumps({"event": "media", "streamSid": stream_sid, "pad": "x" * 120_000}),
+    ]
+    for text in bad:
+        await ws.send(text)
+    await ws.send(b"\x00binary")
+    # An odd-length μ-law chunk is valid audio (1 byte per sample), not an error.
+    await ws.send(media_message(stream_sid, 2, 1, 0, b"\xff" * 159))
+    # The call keeps flowing: speech still comes back.
+    await send_speech(ws, stream_sid, speech_pcm[: 8000 * 2])
+    assert await received_media(ws, 1.0) > 20
+    m = gateway.metric
+    assert m("rutster_bad_messages_total", source="twilio", reason="malformed_json") == 1
+    assert m("rutster_bad_messages_total", source="twilio", reason="not_an_object") == 1
+    assert m("rutster_bad_messages_total", source="twilio", reason="bad_base64") == 1
+    assert m("rutster_bad_messages_total", source="twilio", reason="payload_too_large") == 1
+    assert m("rutster_bad_messages_total", source="twilio", reason="too_large") == 1
+    assert m("rutster_bad_messages_total", source="twilio", reason="binary_frame") == 1
+    assert m("rutster_unknown_events_total", source="twilio") == 1
+    assert not call.ended.is_set()
+    await ws.close()
+
+
+async def test_media_before_start_is_dropped(gateway: RunningGateway) -> None:
+    sim = simulator(gateway)
+    call_sid = new_sid("CA")
+    instructions = await sim.open_stream(call_sid, from_="+1", to="+2")
+    ws = await sim.connect_media(instructions)
+    stream_sid = new_sid("MZ")
+    await ws.send(connected_message())
+    await ws.send(media_message(stream_sid, 2, 1, 0, b"\xff" * FRAME))
+    await ws.send(start_message(stream_sid, call_sid, sim.account_sid, instructions.parameters))
+    await eventually(lambda: len(gateway.state.calls) == 1)
+    assert (
+        gateway.metric("rutster_bad_messages_total", source="twilio", reason="media_before_start")
+        == 1
+    )
+    await ws.close()
+
+
+async def test_socket_without_start_times_out_quietly(gateway: RunningGateway) -> None:
+    sim = simulator(gateway)
+    instructions = await sim.open_stream(new_sid("CA"), from_="+1", to="+2")
+    ws = await sim.connect_media(instructions)
+    await ws.send(connected_message())
+    await ws.send(json.dumps({"event": "stop", "streamSid": "MZ1", "stop": {}}))
+    with pytest.raises(ConnectionClosed):
+        while True:
+            await ws.recv()
+    assert not gateway.state.calls
+
+
+async def test_function_call_gets_one_answer(gateway: RunningGateway) -> None:
+    # The echo brain never proposes tools; drive the handler through a live call.
+    ws, _, _ = await start_stream(gateway)
+    await eventually(lambda: len(gateway.state.calls) == 1)
+    call = next(iter(gateway.state.calls.values()))
+    await eventually(lambda: call.tap.connected)
+    from brains.tap import FunctionCall
+
+    sent: list[object] = []
+    original = call.tap.send
+
+    async def spy(event: object, *, kind: str) -> bool:
+        sent.append(event)
+        return await original(event, kind=kind)  # type: ignore[arg-type]
+
+    call.tap.send = spy  # type: ignore[method-assign]
+    await call._on_brain_event(FunctionCall(id="fc1", name="hangup", args={}))
+    assert len(sent) == 1
+    answer = sent[0]
+    assert getattr(answer, "id", None) == "fc1"
+    assert getattr(answer, "status", None) == "not_implemented"
+    await ws.close()
+
+
+def test_dev_mode_is_loud() -> None:
+    warnings = startup_warnings(GatewayConfig())
+    assert any("DEV MODE" in w and "TWILIO_AUTH_TOKEN" in w for w in warnings)
+    secure = GatewayConfig(
+        twilio_auth_token="t",
+        stream_secret=b"x" * 32,
+        stream_secret_generated=False,
+        public_url="https://gw.example.com",
+    )
+    assert startup_warnings(secure) == []
+
+
+async def test_healthz_and_metrics(gateway: RunningGateway) -> None:
+    async with httpx.AsyncClient() as client:
+        health = (await client.get(f"{gateway.url}/healthz")).json()
+        metrics = (await client.get(f"{gateway.url}/metrics")).text
+    assert health["status"] == "ok"
+    assert health["twilio_signatures"] == "enforced"
+    for name in (
+        "rutster_active_calls",
+        "rutster_frames_in_total",
+        "rutster_frames_out_total",
+        "rutster_playout_underruns_total",
+        "rutster_playout_overflow_drops_total",
+        "rutster_tap_reconnects_total",
+        "rutster_signature_failures_total",
+    ):
+        assert name in metrics

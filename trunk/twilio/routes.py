@@ -1,0 +1,283 @@
+"""Twilio's HTTP and WebSocket endpoints: thin Starlette handlers around the sans-I/O pieces.
+
+- ``POST /twilio/voice`` (the number's voice webhook): check ``X-Twilio-Signature``,
+  choose the brain, answer TwiML ``<Connect><Stream>`` carrying the call context
+  and a per-call stream token.
+- ``/twilio/stream`` (the media WebSocket): check the upgrade's signature when
+  present, read ``connected``/``start``, verify the stream token *before* any
+  brain is dialled, then feed the ``Call`` until ``stop`` or close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from urllib.parse import parse_qsl
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from brains.tap import SessionEndReason
+from gateway.call import Call
+from gateway.state import GatewayState
+from trunk.events import (
+    IngressCommand,
+    IngressProtocolError,
+    StreamStarted,
+    StreamStopped,
+    UnknownIngressEvent,
+)
+from trunk.twilio.codec import (
+    PARAM_DIRECTION,
+    PARAM_FROM,
+    PARAM_TO,
+    PARAM_TOKEN,
+    TwilioStreamCodec,
+)
+from trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
+from trunk.twilio.stream_token import StreamTokenSigner
+from trunk.twilio.twiml import connect_stream_twiml
+
+log = logging.getLogger(__name__)
+
+#: Custom parameter carrying the brain URL chosen at webhook time (bound into the token).
+PARAM_TAP_URL = "tap_url"
+#: Query parameter of the voice webhook URL selecting a brain for that number
+#: (``https://gw/twilio/voice?brain=wss://...``); must be on the allowlist.
+QUERY_BRAIN = "brain"
+#: Largest voice-webhook body accepted. Twilio's form posts are a few hundred
+#: bytes to ~2 KB (PROVIDERS.md §1.1 field list); 64 KiB leaves ample margin.
+MAX_WEBHOOK_BODY_BYTES = 64 * 1024
+#: Time allowed between accepting the media socket and its ``start`` message.
+#: Twilio sends ``connected`` and ``start`` immediately; 10 s bounds idle sockets.
+START_TIMEOUT_S = 10.0
+#: Twilio CallSids: "CA" + 32 hex digits; we accept any short token of safe
+#: characters so simulators and other Twilio-compatible providers also work.
+CALL_SID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: RFC 6455 close codes used when refusing a media socket.
+CLOSE_POLICY_VIOLATION = 1008
+CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_NORMAL = 1000
+
+
+def _state(holder: Request | WebSocket) -> GatewayState:
+    state: GatewayState = holder.app.state.gateway
+    return state
+
+
+def _signed_url(base: str, query: str) -> str:
+    return f"{base}?{query}" if query else base
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def twilio_voice(request: Request) -> Response:
+    """The voice webhook: answer TwiML that forks the call's audio to ``/twilio/stream``."""
+    state = _state(request)
+    config = state.config
+    metrics = state.metrics
+    if request.method == "POST":
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/x-www-form-urlencoded":
+            metrics.bad_messages.labels("twilio_webhook", "bad_content_type").inc()
+            return PlainTextResponse("expected application/x-www-form-urlencoded", 415)
+        body = await _read_body(request, MAX_WEBHOOK_BODY_BYTES)
+        if body is None:
+            metrics.bad_messages.labels("twilio_webhook", "too_large").inc()
+            return PlainTextResponse("request body too large", 413)
+        try:
+            params = parse_qsl(body.decode("utf-8"), keep_blank_values=True)
+        except (UnicodeDecodeError, ValueError):
+            metrics.bad_messages.labels("twilio_webhook", "bad_body").inc()
+            return PlainTextResponse("malformed form body", 400)
+    else:
+        params = []
+    if config.twilio_auth_token is not None:
+        validator = TwilioSignatureValidator(config.twilio_auth_token)
+        url = _signed_url(config.twilio_voice_url, request.url.query)
+        if not validator.validate(url, params, request.headers.get(SIGNATURE_HEADER)):
+            metrics.signature_failures.labels("voice").inc()
+            log.warning("voice webhook refused: invalid %s", SIGNATURE_HEADER)
+            return PlainTextResponse("invalid signature", 403)
+    fields = dict(params) | (dict(request.query_params) if request.method == "GET" else {})
+    call_sid = fields.get("CallSid", "")
+    if not CALL_SID_PATTERN.fullmatch(call_sid):
+        metrics.bad_messages.labels("twilio_webhook", "bad_call_sid").inc()
+        return PlainTextResponse("missing or malformed CallSid", 400)
+    to = fields.get("To", "")
+    tap_url = (
+        request.query_params.get(QUERY_BRAIN) or config.tap_url_by_number.get(to) or config.tap_url
+    )
+    if not config.tap_allowlist.allows(tap_url):
+        metrics.tap_url_rejections.inc()
+        log.warning("voice webhook refused: brain URL not on the allowlist")
+        return PlainTextResponse("brain URL not allowed", 403)
+    token = StreamTokenSigner(config.stream_secret).issue(call_sid, tap_url)
+    twiml = connect_stream_twiml(
+        config.twilio_stream_url,
+        {
+            PARAM_FROM: fields.get("From", ""),
+            PARAM_TO: to,
+            PARAM_DIRECTION: fields.get("Direction", "inbound"),
+            PARAM_TAP_URL: tap_url,
+            PARAM_TOKEN: token,
+        },
+    )
+    return Response(twiml, media_type="text/xml")
+
+
+class TwilioEdge:
+    """Sends core commands to Twilio over the media socket (the ``CallEdge`` for Twilio)."""
+
+    def __init__(self, websocket: WebSocket, codec: TwilioStreamCodec) -> None:
+        self._ws = websocket
+        self._codec = codec
+        self.closed = False
+
+    async def send(self, command: IngressCommand) -> None:
+        """Encode and send; a socket that is already gone makes this a no-op."""
+        if self.closed:
+            return
+        try:
+            await self._ws.send_text(self._codec.encode(command))
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            self.closed = True
+
+    async def close(self, reason: str) -> None:
+        """Close the media socket; Twilio then continues the TwiML (none: the call ends)."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            await self._ws.close(CLOSE_NORMAL, reason[:120])
+
+
+async def _refuse(websocket: WebSocket, code: int, reason: str) -> None:
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+        await websocket.close(code, reason)
+
+
+async def _receive_text(websocket: WebSocket, state: GatewayState) -> str | None:
+    """Next text frame, or None when the socket closed. Binary frames are counted and skipped."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return None
+        text = message.get("text")
+        if text is not None:
+            return str(text)
+        state.metrics.bad_messages.labels("twilio", "binary_frame").inc()
+
+
+async def twilio_stream(websocket: WebSocket) -> None:
+    """The media WebSocket Twilio opens for ``<Connect><Stream>``."""
+    state = _state(websocket)
+    config = state.config
+    metrics = state.metrics
+    signature = websocket.headers.get(SIGNATURE_HEADER)
+    if config.twilio_auth_token is not None and signature is not None:
+        url = _signed_url(config.twilio_stream_url, websocket.url.query)
+        if not TwilioSignatureValidator(config.twilio_auth_token).validate(url, [], signature):
+            metrics.signature_failures.labels("stream").inc()
+            log.warning("media socket refused: invalid %s on upgrade", SIGNATURE_HEADER)
+            await _refuse(websocket, CLOSE_POLICY_VIOLATION, "invalid signature")
+            return
+    await websocket.accept()
+    codec = TwilioStreamCodec()
+    started = await _await_start(websocket, codec, state)
+    if started is None:
+        return
+    params = started.custom_parameters
+    tap_url = params.get(PARAM_TAP_URL) or config.tap_url
+    signer = StreamTokenSigner(config.stream_secret)
+    if not signer.verify(params.get(PARAM_TOKEN), started.call.call_id, tap_url):
+        metrics.stream_token_failures.inc()
+        log.warning("media socket refused: invalid stream token")
+        await _refuse(websocket, CLOSE_POLICY_VIOLATION, "invalid stream token")
+        return
+    if not config.tap_allowlist.allows(tap_url):
+        # Only reachable if the allowlist shrank since the webhook answered.
+        metrics.tap_url_rejections.inc()
+        await _refuse(websocket, CLOSE_POLICY_VIOLATION, "brain URL not allowed")
+        return
+    edge = TwilioEdge(websocket, codec)
+    call = Call(started, tap_url=tap_url, config=config, metrics=metrics, edge=edge)
+    state.calls[call.session_id] = call
+    reason = SessionEndReason.CALLER_HANGUP
+    try:
+        await call.start()
+        while not call.ended.is_set():
+            text = await _receive_text(websocket, state)
+            if text is None:
+                break
+            try:
+                event = codec.receive(text)
+            except UnknownIngressEvent as exc:
+                metrics.unknown_events.labels("twilio").inc()
+                log.debug("call %s: unknown Twilio event %.40r", call.session_id, exc.event_type)
+                continue
+            except IngressProtocolError as exc:
+                metrics.bad_messages.labels("twilio", exc.reason).inc()
+                if exc.fatal:
+                    log.warning("call %s: closing media socket: %s", call.session_id, exc)
+                    reason = SessionEndReason.ERROR
+                    await edge.close(exc.reason)
+                    break
+                log.debug("call %s: dropped Twilio message: %s", call.session_id, exc)
+                continue
+            await call.on_ingress(event)
+            if isinstance(event, StreamStopped):
+                break
+    except asyncio.CancelledError:
+        reason = SessionEndReason.SHUTDOWN
+        raise
+    finally:
+        await call.end(reason)
+        state.calls.pop(call.session_id, None)
+        await edge.close("call ended")
+
+
+async def _await_start(
+    websocket: WebSocket, codec: TwilioStreamCodec, state: GatewayState
+) -> StreamStarted | None:
+    """Read ``connected`` and ``start``; None (socket closed) on timeout or a fatal error."""
+    metrics = state.metrics
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            while True:
+                text = await _receive_text(websocket, state)
+                if text is None:
+                    return None
+                try:
+                    event = codec.receive(text)
+                except UnknownIngressEvent:
+                    metrics.unknown_events.labels("twilio").inc()
+                    continue
+                except IngressProtocolError as exc:
+                    metrics.bad_messages.labels("twilio", exc.reason).inc()
+                    if exc.fatal:
+                        log.warning("media socket refused before start: %s", exc)
+                        await _refuse(websocket, CLOSE_PROTOCOL_ERROR, exc.reason)
+                        return None
+                    continue
+                if isinstance(event, StreamStarted):
+                    return event
+                if isinstance(event, StreamStopped):
+                    await _refuse(websocket, CLOSE_NORMAL, "stopped before start")
+                    return None
+    except TimeoutError:
+        metrics.bad_messages.labels("twilio", "no_start").inc()
+        await _refuse(websocket, CLOSE_POLICY_VIOLATION, "no start message")
+        return None

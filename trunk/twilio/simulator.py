@@ -1,0 +1,425 @@
+"""A Twilio simulator: plays Twilio's part of a phone call against a running gateway.
+
+It does what Twilio does for an inbound call on a number whose voice webhook
+points at the gateway (PROVIDERS.md §1): posts the signed voice webhook, reads
+the TwiML ``<Connect><Stream>``, opens the media WebSocket (signed upgrade),
+sends ``connected``/``start`` and the caller's audio as 20 ms μ-law ``media``
+messages at real-time pace (or faster), and plays back what the gateway sends
+the way Twilio does: audio is queued and played in real time, ``mark`` is echoed
+once the audio before it has played, ``clear`` drops the queue and echoes
+pending marks at once. What the caller would have heard is kept as PCM (and
+can be written to a WAV) together with timings.
+
+This is a test and demo tool, not a Twilio emulator for production traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import secrets
+import time
+import wave
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from media.g711 import ulaw_decode, ulaw_encode
+from trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
+
+#: Twilio's caller audio: 20 ms of 8 kHz μ-law per ``media`` message (PROVIDERS.md §1.3).
+SIM_SAMPLE_RATE = 8_000
+SIM_FRAME_MS = 20
+SIM_FRAME_BYTES = SIM_SAMPLE_RATE * SIM_FRAME_MS // 1000
+#: How long to keep listening after the last caller frame (echo still arriving).
+DEFAULT_TAIL_S = 1.5
+#: HTTP timeout for the webhook.
+WEBHOOK_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class StreamInstructions:
+    """What the gateway's TwiML told Twilio to do."""
+
+    url: str
+    parameters: dict[str, str]
+
+
+@dataclass
+class SimulatedCallResult:
+    """What happened on one simulated call, seen from Twilio's side."""
+
+    call_sid: str
+    stream_sid: str
+    frames_sent: int = 0
+    media_received: int = 0
+    audio_ms_received: float = 0.0
+    marks_received: int = 0
+    marks_echoed: int = 0
+    clears_received: int = 0
+    #: PCM16 8 kHz of what the caller heard, on the caller's timeline (index 0 = first frame sent).
+    heard_pcm: bytes = b""
+    #: Arrival time (ms since the first frame was sent) and duration of each media message.
+    arrivals: list[tuple[float, float]] = field(default_factory=list)
+    #: Largest amount of audio queued at "Twilio" at any arrival (the gateway's lead), ms.
+    max_queue_ms: float = 0.0
+    #: Gaps heard by the caller once playback had begun (queue ran dry then resumed).
+    heard_gaps: int = 0
+    heard_gap_ms: float = 0.0
+    first_audio_ms: float | None = None
+    close_code: int | None = None
+    close_reason: str = ""
+
+    def inter_arrival_jitter_ms(self, percentile: float = 99.0) -> float:
+        """Percentile of |inter-arrival - audio duration| over consecutive media messages."""
+        if len(self.arrivals) < 3:
+            return 0.0
+        times = np.array([t for t, _ in self.arrivals])
+        durs = np.array([d for _, d in self.arrivals])
+        dev = np.abs(np.diff(times) - durs[:-1])
+        return float(np.percentile(dev, percentile))
+
+
+def signed_headers(auth_token: str | None, url: str, params: Mapping[str, str]) -> dict[str, str]:
+    """``X-Twilio-Signature`` for ``url`` + ``params`` (none when no token)."""
+    if auth_token is None:
+        return {}
+    return {SIGNATURE_HEADER: TwilioSignatureValidator(auth_token).compute(url, dict(params))}
+
+
+def parse_connect_stream(twiml: str) -> StreamInstructions:
+    """Extract ``<Connect><Stream url>`` and its ``<Parameter>``s from TwiML."""
+    root = ET.fromstring(twiml)
+    stream = root.find("./Connect/Stream")
+    if stream is None or not stream.get("url"):
+        raise ValueError("TwiML has no <Connect><Stream url=...>")
+    params = {
+        p.get("name", ""): p.get("value", "") for p in stream.findall("Parameter") if p.get("name")
+    }
+    return StreamInstructions(url=stream.get("url", ""), parameters=params)
+
+
+def new_sid(prefix: str) -> str:
+    """A Twilio-shaped SID: two letters + 32 hex digits."""
+    return prefix + secrets.token_hex(16)
+
+
+def connected_message() -> str:
+    """Twilio's first media-socket message."""
+    return json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+
+
+def start_message(
+    stream_sid: str, call_sid: str, account_sid: str, parameters: Mapping[str, str]
+) -> str:
+    """Twilio's ``start`` message."""
+    return json.dumps(
+        {
+            "event": "start",
+            "sequenceNumber": "1",
+            "streamSid": stream_sid,
+            "start": {
+                "accountSid": account_sid,
+                "streamSid": stream_sid,
+                "callSid": call_sid,
+                "tracks": ["inbound"],
+                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+                "customParameters": dict(parameters),
+            },
+        }
+    )
+
+
+def media_message(stream_sid: str, seq: int, chunk: int, timestamp_ms: int, mulaw: bytes) -> str:
+    """Twilio's ``media`` message (numbers as strings, as Twilio sends them)."""
+    return json.dumps(
+        {
+            "event": "media",
+            "sequenceNumber": str(seq),
+            "streamSid": stream_sid,
+            "media": {
+                "track": "inbound",
+                "chunk": str(chunk),
+                "timestamp": str(timestamp_ms),
+                "payload": base64.b64encode(mulaw).decode("ascii"),
+            },
+        }
+    )
+
+
+def stop_message(stream_sid: str, seq: int, call_sid: str, account_sid: str) -> str:
+    """Twilio's ``stop`` message."""
+    return json.dumps(
+        {
+            "event": "stop",
+            "sequenceNumber": str(seq),
+            "streamSid": stream_sid,
+            "stop": {"accountSid": account_sid, "callSid": call_sid},
+        }
+    )
+
+
+def read_wav_8k(path: str | Path) -> bytes:
+    """PCM16 mono 8 kHz samples of a WAV file (the simulator's caller audio)."""
+    with wave.open(str(path), "rb") as wav:
+        if wav.getnchannels() != 1 or wav.getsampwidth() != 2 or wav.getframerate() != 8000:
+            raise ValueError(
+                f"{path}: need 8 kHz mono 16-bit PCM, got {wav.getframerate()} Hz, "
+                f"{wav.getnchannels()} ch, {8 * wav.getsampwidth()}-bit"
+            )
+        return wav.readframes(wav.getnframes())
+
+
+def write_wav_8k(path: str | Path, pcm: bytes) -> None:
+    """Write PCM16 mono 8 kHz samples to a WAV file."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(SIM_SAMPLE_RATE)
+        wav.writeframes(pcm)
+
+
+class _Playback:
+    """Twilio's side of outbound audio: a real-time queue, marks, clear."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.queue_end = t0
+        self.segments: list[tuple[float, bytes]] = []  # (start time, pcm16)
+        self.pending_marks: list[tuple[float, str]] = []
+        self.started = False
+
+    def add(self, now: float, pcm: bytes, result: SimulatedCallResult) -> None:
+        duration = len(pcm) / 2 / SIM_SAMPLE_RATE * 1000.0
+        if self.started and now > self.queue_end + 0.5:
+            # Queue ran dry while audio was still coming: the caller heard a gap.
+            result.heard_gaps += 1
+            result.heard_gap_ms += now - self.queue_end
+        start = max(now, self.queue_end)
+        self.queue_end = start + duration
+        self.started = True
+        self.segments.append((start, pcm))
+        result.max_queue_ms = max(result.max_queue_ms, self.queue_end - now)
+
+    def clear(self, now: float) -> list[str]:
+        kept: list[tuple[float, bytes]] = []
+        for start, pcm in self.segments:
+            if start >= now:
+                continue
+            played = int((now - start) / 1000.0 * SIM_SAMPLE_RATE) * 2
+            kept.append((start, pcm[:played]))
+        self.segments = kept
+        self.queue_end = now
+        self.started = False
+        # Marks whose audio had not finished playing are echoed at once (Twilio's clear rule).
+        marks = [name for at, name in self.pending_marks if at > now]
+        self.pending_marks = []
+        return marks
+
+    def heard(self) -> bytes:
+        if not self.segments:
+            return b""
+        end = max(s + len(p) / 2 / SIM_SAMPLE_RATE * 1000.0 for s, p in self.segments)
+        total = int((end - self.t0) / 1000.0 * SIM_SAMPLE_RATE) + 1
+        out = np.zeros(total, dtype=np.int16)
+        for start, pcm in self.segments:
+            idx = round((start - self.t0) / 1000.0 * SIM_SAMPLE_RATE)
+            samples = np.frombuffer(pcm, dtype=np.int16)
+            out[idx : idx + len(samples)] = samples[: max(0, total - idx)]
+        return out.tobytes()
+
+
+class TwilioSimulator:
+    """Places simulated Twilio calls into a gateway reachable at ``public_url``.
+
+    ``public_url`` is the gateway's ``RUTSTER_PUBLIC_URL`` (what it signs against);
+    ``auth_token`` the ``TWILIO_AUTH_TOKEN`` it expects (None for dev mode).
+    """
+
+    def __init__(
+        self,
+        public_url: str,
+        *,
+        auth_token: str | None = None,
+        account_sid: str | None = None,
+    ) -> None:
+        self.public_url = public_url.rstrip("/")
+        self.auth_token = auth_token
+        self.account_sid = account_sid or new_sid("AC")
+
+    async def post_voice_webhook(
+        self, call_sid: str, *, from_: str, to: str, query: str = ""
+    ) -> httpx.Response:
+        """POST the signed voice webhook, as Twilio does when the call arrives."""
+        url = f"{self.public_url}/twilio/voice" + (f"?{query}" if query else "")
+        params = {
+            "AccountSid": self.account_sid,
+            "ApiVersion": "2010-04-01",
+            "CallSid": call_sid,
+            "CallStatus": "ringing",
+            "Direction": "inbound",
+            "From": from_,
+            "To": to,
+        }
+        async with httpx.AsyncClient(timeout=WEBHOOK_TIMEOUT_S) as client:
+            return await client.post(
+                url, data=params, headers=signed_headers(self.auth_token, url, params)
+            )
+
+    async def open_stream(self, call_sid: str, *, from_: str, to: str) -> StreamInstructions:
+        """Webhook → TwiML → the stream instructions (raises on a non-200 answer)."""
+        response = await self.post_voice_webhook(call_sid, from_=from_, to=to)
+        if response.status_code != 200:
+            raise RuntimeError(f"voice webhook answered {response.status_code}: {response.text}")
+        return parse_connect_stream(response.text)
+
+    async def connect_media(self, instructions: StreamInstructions) -> ClientConnection:
+        """Open the media WebSocket with a signed upgrade, as Twilio does."""
+        return await connect(
+            instructions.url,
+            additional_headers=signed_headers(self.auth_token, instructions.url, {}),
+            max_size=2**20,
+            compression=None,
+        )
+
+    async def place_call(
+        self,
+        caller_pcm: bytes,
+        *,
+        from_: str = "+15551230000",
+        to: str = "+15559870000",
+        speed: float = 1.0,
+        tail_s: float = DEFAULT_TAIL_S,
+    ) -> SimulatedCallResult:
+        """Run one whole call: stream ``caller_pcm`` (PCM16 8 kHz) and record the answer."""
+        call_sid = new_sid("CA")
+        stream_sid = new_sid("MZ")
+        instructions = await self.open_stream(call_sid, from_=from_, to=to)
+        result = SimulatedCallResult(call_sid=call_sid, stream_sid=stream_sid)
+        mulaw = ulaw_encode(caller_pcm)
+        async with await self.connect_media(instructions) as ws:
+            await ws.send(connected_message())
+            await ws.send(
+                start_message(stream_sid, call_sid, self.account_sid, instructions.parameters)
+            )
+            t0 = time.monotonic() * 1000.0
+            playback = _Playback(t0)
+            reader = asyncio.create_task(self._read(ws, playback, result, stream_sid))
+            try:
+                seq = 2
+                frames = [
+                    mulaw[i : i + SIM_FRAME_BYTES] for i in range(0, len(mulaw), SIM_FRAME_BYTES)
+                ]
+                for n, chunk in enumerate(frames):
+                    due = t0 + n * SIM_FRAME_MS / speed
+                    delay = (due - time.monotonic() * 1000.0) / 1000.0
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    await ws.send(media_message(stream_sid, seq, n + 1, n * SIM_FRAME_MS, chunk))
+                    seq += 1
+                    result.frames_sent += 1
+                await asyncio.sleep(tail_s)
+                await ws.send(stop_message(stream_sid, seq, call_sid, self.account_sid))
+                await ws.close()
+            except ConnectionClosed:
+                pass
+            finally:
+                await asyncio.wait_for(reader, timeout=5.0)
+        result.heard_pcm = playback.heard()
+        return result
+
+    async def _read(
+        self,
+        ws: ClientConnection,
+        playback: _Playback,
+        result: SimulatedCallResult,
+        stream_sid: str,
+    ) -> None:
+        mark_tasks: set[asyncio.Task[None]] = set()
+
+        async def echo_mark(name: str, at_ms: float) -> None:
+            delay = (at_ms - time.monotonic() * 1000.0) / 1000.0
+            if delay > 0:
+                await asyncio.sleep(delay)
+            try:
+                await ws.send(
+                    json.dumps({"event": "mark", "streamSid": stream_sid, "mark": {"name": name}})
+                )
+                result.marks_echoed += 1
+            except ConnectionClosed:
+                pass
+
+        try:
+            async for raw in ws:
+                now = time.monotonic() * 1000.0
+                message = json.loads(raw)
+                event = message.get("event")
+                if event == "media":
+                    pcm = ulaw_decode(base64.b64decode(message["media"]["payload"]))
+                    result.media_received += 1
+                    duration = len(pcm) / 2 / SIM_SAMPLE_RATE * 1000.0
+                    result.audio_ms_received += duration
+                    result.arrivals.append((now - playback.t0, duration))
+                    if result.first_audio_ms is None:
+                        result.first_audio_ms = now - playback.t0
+                    playback.add(now, pcm, result)
+                elif event == "mark":
+                    result.marks_received += 1
+                    name = str(message["mark"]["name"])
+                    playback.pending_marks.append((playback.queue_end, name))
+                    task = asyncio.create_task(echo_mark(name, playback.queue_end))
+                    mark_tasks.add(task)
+                    task.add_done_callback(mark_tasks.discard)
+                elif event == "clear":
+                    result.clears_received += 1
+                    for task in list(mark_tasks):
+                        task.cancel()
+                    for name in playback.clear(now):
+                        task = asyncio.create_task(echo_mark(name, now))
+                        mark_tasks.add(task)
+                        task.add_done_callback(mark_tasks.discard)
+        except ConnectionClosed:
+            pass
+        finally:
+            result.close_code = ws.close_code
+            result.close_reason = ws.close_reason or ""
+            for task in list(mark_tasks):
+                task.cancel()
+            if mark_tasks:
+                await asyncio.gather(*mark_tasks, return_exceptions=True)
+
+
+def best_lag_correlation(
+    sent: bytes, heard: bytes, *, max_lag_samples: int = 8000
+) -> tuple[float, int]:
+    """Normalised correlation of ``heard`` with ``sent`` at the best lag ≥ 0, and that lag.
+
+    Both are PCM16 at the same rate. The lag search uses FFT cross-correlation
+    over ``0..max_lag_samples``; the returned correlation is the Pearson
+    coefficient of the overlapping parts at that lag.
+    """
+    a = np.frombuffer(sent, dtype=np.int16).astype(np.float64)
+    b = np.frombuffer(heard, dtype=np.int16).astype(np.float64)
+    if len(a) == 0 or len(b) == 0:
+        return 0.0, 0
+    n = len(a) + len(b)
+    size = 1 << (n - 1).bit_length()
+    xc = np.fft.irfft(np.fft.rfft(b, size) * np.conj(np.fft.rfft(a, size)), size)
+    lags = xc[: max_lag_samples + 1]
+    lag = int(np.argmax(lags))
+    overlap = min(len(a), len(b) - lag)
+    if overlap <= 1:
+        return 0.0, lag
+    x = a[:overlap]
+    y = b[lag : lag + overlap]
+    if x.std() == 0 or y.std() == 0:
+        return 0.0, lag
+    return float(np.corrcoef(x, y)[0, 1]), lag
