@@ -69,6 +69,11 @@ DRAIN_LEAD_MS = 10.0
 GRACE_CHECK_INTERVAL_S = 0.25
 
 
+def _fire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(True)
+
+
 def monotonic_ms() -> float:
     """The gateway's clock: monotonic milliseconds."""
     return time.monotonic() * 1000.0
@@ -118,7 +123,10 @@ class Call:
             clock_ms=clock_ms,
             call_label=self.session_id,
         )
-        self._wake = asyncio.Event()
+        # Pacer wake-ups: a flag plus a bare future (cheaper than Event + timeout,
+        # measured: the pacer wakes ~50 times a second per call).
+        self._wake_pending = False
+        self._waiter: asyncio.Future[bool] | None = None
         self._clear_pending = False
         self._tasks: list[asyncio.Task[None]] = []
         self._ending = False
@@ -258,7 +266,7 @@ class Call:
             if dropped:
                 self._metrics.playout_overflow_drops.inc()
                 self._metrics.playout_overflow_dropped_ms.inc(dropped * 1000 / 24_000)
-            self._wake.set()
+            self._wake()
             return
         self._metrics.brain_events.labels(type(event).__name__).inc()
         if isinstance(event, AudioClear):
@@ -297,22 +305,29 @@ class Call:
         discarded = self.pacer.clear(self._clock_ms())
         self._outbound.reset()  # drop the resampler's held tail of the cut audio
         self._clear_pending = True
-        self._wake.set()
+        self._wake()
         log.debug("call %s: playout cleared (%d ms discarded)", self.session_id, discarded)
 
     # ---- the pacer ----------------------------------------------------------
 
+    def _wake(self) -> None:
+        """New audio or a clear: make the pacer poll now."""
+        self._wake_pending = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(False)
+
     async def _pace(self) -> None:
         pacer = self.pacer
         edge = self._edge
-        wake = self._wake
+        loop = asyncio.get_running_loop()
         clock = self._clock_ms
         mark_every = self._config.mark_every_frames
         lateness = self._metrics.pacer_lateness
         frames_out_metric = self._metrics.frames_out
         tail_pending = False
         while True:
-            wake.clear()
+            self._wake_pending = False
             if self._clear_pending:
                 self._clear_pending = False
                 await edge.send(ClearPlayback())
@@ -345,17 +360,22 @@ class Call:
             deadline = pacer.next_poll_ms(now)
             if tail_pending and self.playout.buffered_samples == 0 and deadline is not None:
                 deadline = min(deadline, now + pacer.lead_ms_now(now) - DRAIN_LEAD_MS)
-            if deadline is None:
-                await wake.wait()
+            if self._wake_pending:
                 continue
-            delay_s = (deadline - now) / 1000.0
-            if delay_s <= 0:
+            delay_s = None if deadline is None else (deadline - now) / 1000.0
+            if delay_s is not None and delay_s <= 0:
                 await asyncio.sleep(0)
                 continue
+            waiter: asyncio.Future[bool] = loop.create_future()
+            self._waiter = waiter
+            timer = None if delay_s is None else loop.call_later(delay_s, _fire, waiter)
             try:
-                async with asyncio.timeout(delay_s):
-                    await wake.wait()
-            except TimeoutError:
+                timed_out = await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if timed_out and deadline is not None:
                 lateness.observe(max(0.0, clock() - deadline) / 1000.0)
 
     def _report_underruns(self) -> None:
