@@ -1,11 +1,14 @@
 """Per-frame cost of the media hot path: ``python bench/media_transform.py``.
 
-Inbound: a Twilio ``media`` message as received (JSON text) -> ``json.loads``
--> base64 decode -> :class:`~media.transform.InboundTransform`. Outbound: a
-canonical 480-sample frame -> :class:`~media.transform.OutboundTransform` ->
-base64 -> ``json.dumps`` of a Twilio ``media`` message. Both run over the
-speech fixture many times; each figure is the median of several runs, in µs
-per 20 ms frame. The media part alone (no JSON, no base64) is shown too.
+Inbound: a Twilio ``media`` message as received (JSON text) ->
+``TwilioStreamCodec.receive`` (JSON, base64, validation) ->
+:class:`~media.transform.InboundTransform`. Outbound: a canonical 480-sample
+frame -> :class:`~media.transform.OutboundTransform` ->
+``TwilioStreamCodec.encode`` of a ``media`` message. Both run over the speech
+fixture many times; each figure is the median of several runs, in µs per
+20 ms frame. The media part alone (no JSON, no base64) is shown too, and each
+figure side by side for soxr's steady engine (what calls use) and its block
+engine (cheaper, bursty).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import time
 import wave
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,6 +32,9 @@ from media.formats import CANONICAL_FRAME_BYTES, TWILIO_MULAW_8K
 from media.g711 import ulaw_encode
 from media.resample import DEFAULT_QUALITY
 from media.transform import InboundTransform, OutboundTransform
+from trunk.events import AudioReceived, PlayAudio
+from trunk.twilio.codec import TwilioStreamCodec
+from trunk.twilio.simulator import start_message
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/audio/caller_speech_8k.wav"
 #: Budget per 20 ms frame, inbound (issue goal).
@@ -42,6 +49,7 @@ DEFAULT_PASSES = 4
 TWILIO_CHUNK_BYTES = 160
 T = TypeVar("T")
 STREAM_SID = "MZ00000000000000000000000000000000"
+START_MESSAGE = start_message(STREAM_SID, "CA" + "0" * 32, "AC" + "0" * 32, {})
 
 
 def load_speech(path: Path = FIXTURE) -> bytes:
@@ -82,40 +90,40 @@ def canonical_frames(speech_pcm: bytes) -> list[bytes]:
     return frames
 
 
-def run_inbound(messages: Sequence[str]) -> None:
-    """One call's inbound path over ``messages``."""
-    inbound = InboundTransform(TWILIO_MULAW_8K)
-    process = inbound.process
+def run_inbound(messages: Sequence[str], *, steady: bool = True) -> None:
+    """One call's inbound path: Twilio codec (JSON, base64) then the media transform."""
+    codec = TwilioStreamCodec()
+    codec.receive(START_MESSAGE)
+    process = InboundTransform(TWILIO_MULAW_8K, steady=steady).process
+    receive = codec.receive
     for text in messages:
-        message = json.loads(text)
-        process(base64.b64decode(message["media"]["payload"]))
+        event = receive(text)
+        assert isinstance(event, AudioReceived)
+        process(event.payload)
 
 
-def run_inbound_media(payloads: Sequence[bytes]) -> None:
+def run_inbound_media(payloads: Sequence[bytes], *, steady: bool = True) -> None:
     """One call's inbound media transform alone over raw μ-law ``payloads``."""
-    process = InboundTransform(TWILIO_MULAW_8K).process
+    process = InboundTransform(TWILIO_MULAW_8K, steady=steady).process
     for payload in payloads:
         process(payload)
 
 
-def run_outbound(frames: Sequence[bytes]) -> None:
-    """One call's outbound path over canonical ``frames``, rendering Twilio messages."""
-    process = OutboundTransform(TWILIO_MULAW_8K).process
+def run_outbound(frames: Sequence[bytes], *, steady: bool = True) -> None:
+    """One call's outbound path: media transform then the Twilio codec's ``media`` message."""
+    codec = TwilioStreamCodec()
+    codec.receive(START_MESSAGE)
+    process = OutboundTransform(TWILIO_MULAW_8K, steady=steady).process
+    encode = codec.encode
     for frame in frames:
         payload = process(frame)
-        if payload:  # soxr releases output in blocks; nothing to send for empty chunks
-            json.dumps(
-                {
-                    "event": "media",
-                    "streamSid": STREAM_SID,
-                    "media": {"payload": base64.b64encode(payload).decode("ascii")},
-                }
-            )
+        if payload:  # the block engine releases output in bursts; nothing to send between
+            encode(PlayAudio(payload))
 
 
-def run_outbound_media(frames: Sequence[bytes]) -> None:
+def run_outbound_media(frames: Sequence[bytes], *, steady: bool = True) -> None:
     """One call's outbound media transform alone over canonical ``frames``."""
-    process = OutboundTransform(TWILIO_MULAW_8K).process
+    process = OutboundTransform(TWILIO_MULAW_8K, steady=steady).process
     for frame in frames:
         process(frame)
 
@@ -155,21 +163,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert all(len(frame) == CANONICAL_FRAME_BYTES for frame in frames)
 
     options = {"runs": args.runs, "passes": args.passes}
-    inbound = us_per_frame(run_inbound, messages, **options)
-    inbound_media = us_per_frame(run_inbound_media, payloads, **options)
-    outbound = us_per_frame(run_outbound, frames, **options)
-    outbound_media = us_per_frame(run_outbound_media, frames, **options)
+    figures: dict[bool, tuple[float, float, float, float]] = {}
+    for steady in (True, False):
+        figures[steady] = (
+            us_per_frame(partial(run_inbound, steady=steady), messages, **options),
+            us_per_frame(partial(run_inbound_media, steady=steady), payloads, **options),
+            us_per_frame(partial(run_outbound, steady=steady), frames, **options),
+            us_per_frame(partial(run_outbound_media, steady=steady), frames, **options),
+        )
+    inbound, _, outbound, _ = figures[True]
 
     print(
         f"python {platform.python_version()}, soxr {soxr.__version__} ({DEFAULT_QUALITY}), "
         f"{len(payloads)} frames x {args.passes} passes, median of {args.runs} runs"
     )
-    print(f"inbound transform: {inbound:.1f} µs/frame (goal ≤ {INBOUND_GOAL_US:g})")
-    print(
-        f"  media part alone (μ-law decode, resample 8k->24k, frame): {inbound_media:.1f} µs/frame"
+    print("resampler engine:              steady (used)   block (peer, not used)")
+    labels = (
+        "inbound: codec + transform",
+        "  media part alone",
+        "outbound: transform + codec",
+        "  media part alone",
     )
+    for i, label in enumerate(labels):
+        print(f"  {label:<28} {figures[True][i]:6.1f} µs     {figures[False][i]:6.1f} µs")
+    print(f"inbound transform: {inbound:.1f} µs/frame (goal ≤ {INBOUND_GOAL_US:g})")
     print(f"outbound transform: {outbound:.1f} µs/frame (goal ≤ {OUTBOUND_GOAL_US:g})")
-    print(f"  media part alone (resample 24k->8k, μ-law encode): {outbound_media:.1f} µs/frame")
+    print(
+        "  (the block engine is cheaper but releases ~60 ms bursts, which breaks 20 ms "
+        "pacing; see media/resample.py)"
+    )
 
     met = inbound <= INBOUND_GOAL_US and outbound <= OUTBOUND_GOAL_US
     if not met:
