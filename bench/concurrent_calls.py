@@ -8,7 +8,9 @@ brain). For each N it reports, side by side:
 - gateway-side: playout underruns and the p99 pacer wake-up lateness (the
   outbound pacing jitter) from the gateway's own /metrics, its CPU use;
 - caller-side (the simulator): gaps heard, p99 inter-arrival jitter;
-- the gateway's RSS, and RSS growth per added call.
+- the gateway's RSS, and RSS growth per added call;
+- the CPU of the load side (this process + the echo brain, sharing one core):
+  above ~90 % the load side, not the gateway, is late, and the level says so.
 
 A level passes with zero underruns and p99 pacing jitter ≤ 10 ms (issue goal).
 Usage: ``python bench/concurrent_calls.py [--levels 25,50,100,150,200] [--seconds 20]``
@@ -47,6 +49,7 @@ class LevelResult:
     caller_gaps: int
     caller_jitter_p99_ms: float
     gateway_cpu_pct: float
+    load_cpu_pct: float
     rss_mib: float
 
     @property
@@ -88,7 +91,12 @@ def histogram_p99_ms(before: dict[str, float], after: dict[str, float]) -> float
 
 
 async def run_level(
-    url: str, token: str, calls: int, pcm: bytes, gw: psutil.Process
+    url: str,
+    token: str,
+    calls: int,
+    pcm: bytes,
+    gw: psutil.Process,
+    load: list[psutil.Process],
 ) -> LevelResult:
     before = scrape(url)
     sims = [TwilioSimulator(url, auth_token=token) for _ in range(calls)]
@@ -101,11 +109,15 @@ async def run_level(
             print(f"    call {i} failed: {type(exc).__name__}: {exc}")
             return None
 
-    gw.cpu_percent(None)
     task = asyncio.gather(*(one(i) for i in range(calls)))
-    await asyncio.sleep(RAMP_S + len(pcm) / 2 / 8000 / 2)
+    await asyncio.sleep(RAMP_S + 1.0)
+    gw.cpu_percent(None)
+    for p in load:
+        p.cpu_percent(None)
+    await asyncio.sleep(len(pcm) / 2 / 8000 / 2)
     rss = gw.memory_info().rss / 2**20
     cpu = gw.cpu_percent(None)
+    load_cpu = sum(p.cpu_percent(None) for p in load)
     results = [r for r in await task if r is not None]
     after = scrape(url)
     jitters = [r.inter_arrival_jitter_ms(99.0) for r in results]
@@ -118,6 +130,7 @@ async def run_level(
         caller_gaps=sum(r.heard_gaps for r in results),
         caller_jitter_p99_ms=max(jitters) if jitters else 0.0,
         gateway_cpu_pct=cpu,
+        load_cpu_pct=load_cpu,
         rss_mib=rss,
     )
 
@@ -138,6 +151,7 @@ async def bench(levels: list[int], seconds: float) -> None:
         }
         with gateway_process(env) as gateway:
             gw = psutil.Process(gateway.proc.pid)
+            load = [psutil.Process(), psutil.Process(brain.proc.pid)]
             gw.cpu_affinity(list(gateway_core))
             url = f"http://{LOOPBACK}:{gateway.port}"
             await asyncio.sleep(0.5)
@@ -148,17 +162,19 @@ async def bench(levels: list[int], seconds: float) -> None:
             )
             print(
                 f"{'calls':>6} {'done':>5} {'underruns':>9} {'pacer p99':>10} {'caller gaps':>11} "
-                f"{'caller p99':>10} {'gw CPU':>7} {'gw RSS':>8}  result"
+                f"{'caller p99':>10} {'gw CPU':>7} {'load CPU':>8} {'gw RSS':>8}  result"
             )
             rows: list[LevelResult] = []
             for calls in levels:
-                row = await run_level(url, token, calls, pcm, gw)
+                row = await run_level(url, token, calls, pcm, gw, load)
                 rows.append(row)
                 print(
                     f"{row.calls:>6} {row.completed:>5} {row.underruns:>9.0f} "
                     f"{row.pacer_p99_ms:>8.1f}ms {row.caller_gaps:>11} "
                     f"{row.caller_jitter_p99_ms:>8.1f}ms {row.gateway_cpu_pct:>6.0f}% "
-                    f"{row.rss_mib:>6.1f}Mi  {'pass' if row.passed else 'FAIL'}"
+                    f"{row.load_cpu_pct:>7.0f}% {row.rss_mib:>6.1f}Mi  "
+                    f"{'pass' if row.passed else 'FAIL'}"
+                    + ("  (load side saturated: inconclusive)" if row.load_cpu_pct > 90 else "")
                 )
                 await asyncio.sleep(1.0)
             passing = [r.calls for r in rows if r.passed]
@@ -176,13 +192,13 @@ def main() -> None:
     parser.add_argument("--levels", default="25,50,100,150,200")
     parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
     try:
         import uvloop
-
-        uvloop.install()
     except ImportError:
-        pass
-    asyncio.run(bench([int(x) for x in args.levels.split(",")], args.seconds))
+        asyncio.run(bench(levels, args.seconds))
+    else:
+        uvloop.run(bench(levels, args.seconds))
 
 
 if __name__ == "__main__":

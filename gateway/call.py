@@ -264,6 +264,13 @@ class Call:
         if isinstance(event, AudioOut):
             dropped = self.playout.push(event.pcm, event.item)
             if dropped:
+                if self.playout.overflow_events == 1:
+                    log.warning(
+                        "call %s: brain is sending audio faster than the %d ms playout buffer "
+                        "drains; dropping the oldest unplayed audio (counted)",
+                        self.session_id,
+                        self.playout.max_ms,
+                    )
                 self._metrics.playout_overflow_drops.inc()
                 self._metrics.playout_overflow_dropped_ms.inc(dropped * 1000 / 24_000)
             self._wake()

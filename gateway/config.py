@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.tap_allowlist import TapUrlAllowlist
+from trunk.twilio.stream_token import MIN_SECRET_BYTES
 from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
 from media.playout import DEFAULT_MAX_MS
 
@@ -47,6 +48,11 @@ def read_secret(env: Mapping[str, str], name: str) -> str | None:
             value = Path(path).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(f"{file_var}: cannot read {path!r}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"{file_var}: {path!r} is not UTF-8 text (write a text secret, "
+                "e.g. `openssl rand -hex 32`)"
+            ) from None
         if not value:
             raise ConfigError(f"{file_var}: {path!r} is empty")
         return value
@@ -128,7 +134,10 @@ class GatewayConfig:
                 f"got {public_url!r}"
             )
         tap_url = env.get("RUTSTER_TAP_URL", DEFAULT_TAP_URL).strip() or DEFAULT_TAP_URL
-        allowlist = TapUrlAllowlist.parse(env.get("RUTSTER_TAP_ALLOWLIST", ""), default=tap_url)
+        try:
+            allowlist = TapUrlAllowlist.parse(env.get("RUTSTER_TAP_ALLOWLIST", ""), default=tap_url)
+        except ValueError as exc:
+            raise ConfigError(f"RUTSTER_TAP_ALLOWLIST / RUTSTER_TAP_URL: {exc}") from None
         by_number: dict[str, str] = {}
         for entry in filter(
             None, (e.strip() for e in env.get("RUTSTER_TAP_URL_BY_NUMBER", "").split(","))
@@ -144,6 +153,10 @@ class GatewayConfig:
                 )
             by_number[number.strip()] = url.strip()
         secret = read_secret(env, "RUTSTER_STREAM_SECRET")
+        if secret is not None and len(secret.encode()) < MIN_SECRET_BYTES:
+            raise ConfigError(
+                f"RUTSTER_STREAM_SECRET must be at least {MIN_SECRET_BYTES} bytes long"
+            )
         return cls(
             public_url=public_url,
             tap_url=tap_url,

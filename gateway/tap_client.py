@@ -106,12 +106,12 @@ class TapClient:
         if conn is None:
             self._metrics.tap_send_drops.labels(kind).inc()
             return False
-        if conn.transport.get_write_buffer_size() > TAP_WRITE_LIMIT_BYTES:
-            # The brain is not reading: drop rather than stall the caller's media path.
-            self._metrics.tap_send_drops.labels(kind).inc()
-            return False
         text = self._encoder.encode(event, self._clock_ms())
         try:
+            # Never past the high-water mark: websockets would then wait in drain().
+            if conn.transport.get_write_buffer_size() + len(text) > TAP_WRITE_LIMIT_BYTES:
+                self._metrics.tap_send_drops.labels(kind).inc()
+                return False
             await conn.send(text)
         except ConnectionClosed:
             self._metrics.tap_send_drops.labels(kind).inc()
@@ -132,7 +132,9 @@ class TapClient:
                     connect(
                         self.url,
                         max_size=MAX_MESSAGE_BYTES,
-                        write_limit=TAP_WRITE_LIMIT_BYTES,
+                        # The transport pauses (and send() would wait) only above this,
+                        # which send() never reaches: it drops first (see send()).
+                        write_limit=TAP_WRITE_LIMIT_BYTES + MAX_MESSAGE_BYTES,
                         open_timeout=None,
                         close_timeout=TAP_CLOSE_TIMEOUT_S,
                         compression=None,  # PCM barely compresses; deflate costs CPU per frame
@@ -151,7 +153,15 @@ class TapClient:
                 )
                 await asyncio.sleep(delay)
                 continue
-            await self._serve(conn)
+            if self._closing:
+                # close() was called while we were dialling.
+                conn.transport.abort()
+                break
+            try:
+                await self._serve(conn)
+            except asyncio.CancelledError:
+                conn.transport.abort()  # cancelled mid-session: never leak the socket
+                raise
             if not self._closing:
                 delay = self._backoff.next_delay()
                 log.warning(
