@@ -15,9 +15,9 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.tap_allowlist import TapUrlAllowlist
-from trunk.twilio.stream_token import MIN_SECRET_BYTES
 from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
 from media.playout import DEFAULT_MAX_MS
+from trunk.twilio.stream_token import MIN_SECRET_BYTES
 
 #: Where the gateway is reached from the internet when nothing is configured: the
 #: local dev default, matching ``rutster serve``'s default port.
