@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import secrets
 import statistics
@@ -109,6 +110,9 @@ async def run_level(
             print(f"    call {i} failed: {type(exc).__name__}: {exc}")
             return None
 
+    # The load generator must not be the one that is late: no GC pauses while it runs.
+    gc.collect()
+    gc.disable()
     task = asyncio.gather(*(one(i) for i in range(calls)))
     await asyncio.sleep(RAMP_S + 1.0)
     gw.cpu_percent(None)
@@ -119,6 +123,7 @@ async def run_level(
     cpu = gw.cpu_percent(None)
     load_cpu = sum(p.cpu_percent(None) for p in load)
     results = [r for r in await task if r is not None]
+    gc.enable()
     after = scrape(url)
     jitters = [r.inter_arrival_jitter_ms(99.0) for r in results]
     return LevelResult(
@@ -164,6 +169,8 @@ async def bench(levels: list[int], seconds: float) -> None:
                 f"{'calls':>6} {'done':>5} {'underruns':>9} {'pacer p99':>10} {'caller gaps':>11} "
                 f"{'caller p99':>10} {'gw CPU':>7} {'load CPU':>8} {'gw RSS':>8}  result"
             )
+            # Warm-up (not measured): first-use costs on both sides of the wire.
+            await run_level(url, token, 5, pcm[: 3 * 8000 * 2], gw, load)
             rows: list[LevelResult] = []
             for calls in levels:
                 row = await run_level(url, token, calls, pcm, gw, load)

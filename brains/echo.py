@@ -14,6 +14,7 @@ audio.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -238,6 +239,10 @@ async def _serve_until_signalled(host: str, port: int) -> None:
     try:
         await brain.start(host, port)
         logger.info("echo brain listening on %s", brain.url)
+        # Start-up objects live as long as the process: keep them out of full GC
+        # passes, which otherwise pause every session's echo (see gateway/app.py).
+        gc.collect()
+        gc.freeze()
         await stop.wait()
     finally:
         await brain.stop()

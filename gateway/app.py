@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 
@@ -54,6 +55,11 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for warning in startup_warnings(state.config):
             log.warning("%s", warning)
+        # Everything loaded so far lives as long as the process: move it out of the
+        # cyclic GC's reach. Measured: without this a full (gen2) collection paused
+        # the event loop ~20 ms with 75 calls up, late enough to starve playout.
+        gc.collect()
+        gc.freeze()
         log.info(
             "rutster gateway ready: public URL %s, default brain %s",
             state.config.public_url,

@@ -269,7 +269,10 @@ class TwilioSimulator:
             "From": from_,
             "To": to,
         }
-        async with httpx.AsyncClient(timeout=WEBHOOK_TIMEOUT_S) as client:
+        # Building an SSL context costs ~15 ms of CPU: only do it for https.
+        async with httpx.AsyncClient(
+            timeout=WEBHOOK_TIMEOUT_S, verify=url.startswith("https://")
+        ) as client:
             return await client.post(
                 url, data=params, headers=signed_headers(self.auth_token, url, params)
             )
