@@ -126,7 +126,7 @@ def _print_call_report(report: dict[str, object]) -> None:
         f"(echo lag; correlation with what was said {report['correlation']:.3f})"
     )
     if first is not None:
-        print(f"  first audio back after {float(str(first)):.0f} ms")
+        print(f"  first media back after {float(str(first)):.0f} ms (starts with primed silence)")
     print(
         f"  pacing                 max lead at Twilio {report['max_queue_ms']:.0f} ms, "
         f"inter-arrival jitter p99 {report['jitter_p99_ms']:.1f} ms, "
@@ -170,7 +170,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             url = f"http://{LOOPBACK}:{gateway.port}"
             print(f"  gateway     {url} (uvicorn; Twilio signatures enforced, demo token)")
             print(f"  echo brain  {tap_url} (its own process)")
-            print(f"  caller      {wav}")
+            print(f"  caller      {_display_path(wav)}")
             report = asyncio.run(_run_call(url, wav, Path(args.out), 1.0, args.seconds, token))
             _print_call_report(report)
             metrics = _fetch_metrics(url)
@@ -191,6 +191,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ok = float(str(report["correlation"])) >= 0.9
     print("demo " + ("OK: the caller heard their own speech back" if ok else "FAILED"))
     return 0 if ok else 1
+
+
+def _display_path(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _fetch_metrics(url: str) -> dict[str, float]:

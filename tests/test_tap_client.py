@@ -378,17 +378,24 @@ async def test_close_while_waiting_to_retry_stops_the_loop() -> None:
     assert failures <= 2  # at most the attempt already under way when close() came
 
 
-async def test_close_does_not_hang_on_a_brain_that_never_closes() -> None:
-    release = asyncio.Event()
+def stop_reading_after_hello(release: asyncio.Event) -> Callable[[BrainPeer, int], Awaitable[None]]:
+    """A brain that reads ``hello``, then never reads again until ``release``."""
 
     async def script(peer: BrainPeer, index: int) -> None:
         await peer.recv()
-        # Stop reading: the core's close frame is never seen, so never answered.
+        # Stop reading: nothing more the core sends (close frame included) is seen.
         peer.ws.transport.pause_reading()
         try:
             await release.wait()
         finally:
             peer.ws.transport.abort()
+
+    return script
+
+
+async def test_close_does_not_hang_on_a_brain_that_never_closes() -> None:
+    release = asyncio.Event()
+    script = stop_reading_after_hello(release)
 
     async with ScriptedBrain(script) as brain, running(brain.url) as h:
         try:
@@ -525,14 +532,7 @@ SEND_BLOCKED_S = 1.0
 
 async def test_a_brain_that_stops_reading_never_blocks_sends() -> None:
     release = asyncio.Event()
-
-    async def script(peer: BrainPeer, index: int) -> None:
-        await peer.recv()
-        peer.ws.transport.pause_reading()
-        try:
-            await release.wait()
-        finally:
-            peer.ws.transport.abort()
+    script = stop_reading_after_hello(release)
 
     async with ScriptedBrain(script) as brain, running(brain.url) as h:
         try:
