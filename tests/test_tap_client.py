@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,6 +40,7 @@ from gateway.launcher import LOOPBACK, free_port
 from gateway.metrics import GatewayMetrics
 from gateway.tap_client import TAP_CLOSE_TIMEOUT_S, WARN_LOG_LIMIT, TapClient
 from tests.conftest import eventually
+from tests.tap_fixtures import fixture_names, load_fixture, load_fixture_json
 
 SESSION_ID = "ses_0123456789abcdef"
 CALL = CallInfo(
@@ -563,3 +565,54 @@ async def test_function_call_output_reaches_the_brain() -> None:
         await eventually(lambda: len(brain.connections[0]) == 2, SOON_S)
         await h.client.close(SessionEndReason.CALLER_HANGUP)
     assert brain.connections[0][1] == answer
+
+
+# ---- golden fixtures: the core side of the contract ----------------------------------------
+
+
+async def test_core_accepts_every_golden_brain_message() -> None:
+    """Every brain → core fixture, sent raw by a brain, reaches the core as a valid event."""
+    names = fixture_names(Direction.BRAIN_TO_CORE)
+
+    async def script(peer: BrainPeer, index: int) -> None:
+        await peer.recv()
+        for name in names:
+            await peer.ws.send(load_fixture(Direction.BRAIN_TO_CORE, name))
+        await peer.read_until_closed()
+
+    async with ScriptedBrain(script) as brain, running(brain.url) as h:
+        await eventually(lambda: len(h.events) == len(names), SOON_S)
+        expected = [
+            type(
+                TapDecoder(Direction.BRAIN_TO_CORE).decode(load_fixture(Direction.BRAIN_TO_CORE, n))
+            )
+            for n in names
+        ]
+        assert [type(e) for e in h.events] == expected
+        assert h.metric("rutster_unknown_events_total", source="brain") == 0
+        assert not any(
+            s.value
+            for s in h.metrics.bad_messages.collect()[0].samples
+            if s.name.endswith("_total")
+        )
+
+
+async def test_core_hello_has_the_golden_shape() -> None:
+    """The core's first message has exactly the fields of the golden ``hello`` fixture."""
+    golden = load_fixture_json(Direction.CORE_TO_BRAIN, "hello")
+    seen: list[str | bytes] = []
+
+    async def script(peer: BrainPeer, index: int) -> None:
+        seen.append(await peer.ws.recv())
+        await peer.read_until_closed()
+
+    async with ScriptedBrain(script) as brain, running(brain.url):
+        await eventually(lambda: bool(seen), SOON_S)
+    hello = json.loads(seen[0])
+
+    def shape(value: object) -> object:
+        if isinstance(value, dict):
+            return {key: shape(v) for key, v in value.items()}
+        return type(value).__name__
+
+    assert shape(hello) == shape(golden)
