@@ -4,18 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from brains.echo import EchoBrain
+from brains.tap import (
+    AudioIn,
+    AudioOut,
+    Direction,
+    Dtmf,
+    FunctionCall,
+    Hello,
+    SessionEnd,
+    TapDecoder,
+    TapEncoder,
+)
 from gateway.app import startup_warnings
 from gateway.config import GatewayConfig
 from media.g711 import ulaw_encode
-from tests.conftest import TEST_AUTH_TOKEN, RunningGateway, eventually
+from tests.conftest import (
+    TEST_AUTH_TOKEN,
+    RunningGateway,
+    eventually,
+    gateway_config,
+    serve_gateway,
+)
 from trunk.twilio.simulator import (
     StreamInstructions,
     TwilioSimulator,
@@ -23,6 +42,7 @@ from trunk.twilio.simulator import (
     connected_message,
     media_message,
     new_sid,
+    parse_connect_stream,
     signed_headers,
     start_message,
     stop_message,
@@ -298,8 +318,6 @@ async def test_function_call_gets_one_answer(gateway: RunningGateway) -> None:
     await eventually(lambda: len(gateway.state.calls) == 1)
     call = next(iter(gateway.state.calls.values()))
     await eventually(lambda: call.tap.connected)
-    from brains.tap import FunctionCall
-
     sent: list[object] = []
     original = call.tap.send
 
@@ -344,3 +362,79 @@ async def test_healthz_and_metrics(gateway: RunningGateway) -> None:
         "rutster_signature_failures_total",
     ):
         assert name in metrics
+
+
+class RecordingBrain:
+    """A loopback brain that echoes audio like the echo brain and records every core event."""
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+        self.url = ""
+        self._server: Server | None = None
+
+    async def __aenter__(self) -> RecordingBrain:
+        self._server = await serve(self._handle, "127.0.0.1", 0, compression=None)
+        port = next(iter(self._server.sockets)).getsockname()[1]
+        self.url = f"ws://127.0.0.1:{port}/recording"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        decoder = TapDecoder(Direction.CORE_TO_BRAIN)
+        encoder = TapEncoder(start_ms=0.0)
+        with contextlib.suppress(ConnectionClosed):
+            async for message in ws:
+                event = decoder.decode(message)
+                self.events.append(event)
+                if isinstance(event, AudioIn):
+                    await ws.send(encoder.encode(AudioOut(event.pcm, item="rec"), 0.0))
+
+    def of_type(self, kind: type) -> list[object]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+async def test_dtmf_and_session_end_reach_the_brain(echo_brain: EchoBrain) -> None:
+    async with RecordingBrain() as brain:
+        config = gateway_config(echo_brain.url, allow=brain.url)
+        async with serve_gateway(config) as gateway:
+            sim = simulator(gateway)
+            call_sid = new_sid("CA")
+            response = await sim.post_voice_webhook(
+                call_sid, from_="+15550001111", to="+15550002222", query=f"brain={brain.url}"
+            )
+            assert response.status_code == 200
+            instructions = parse_connect_stream(response.text)
+            ws = await sim.connect_media(instructions)
+            stream_sid = new_sid("MZ")
+            await ws.send(connected_message())
+            await ws.send(
+                start_message(stream_sid, call_sid, sim.account_sid, instructions.parameters)
+            )
+            await eventually(lambda: bool(brain.of_type(Hello)))
+            for seq, digit in enumerate("7#", start=2):
+                await ws.send(
+                    json.dumps(
+                        {
+                            "event": "dtmf",
+                            "sequenceNumber": str(seq),
+                            "streamSid": stream_sid,
+                            "dtmf": {"track": "inbound_track", "digit": digit},
+                        }
+                    )
+                )
+            await eventually(lambda: len(brain.of_type(Dtmf)) == 2)
+            assert [getattr(d, "digit", None) for d in brain.of_type(Dtmf)] == ["7", "#"]
+            await ws.send(stop_message(stream_sid, 9, call_sid, sim.account_sid))
+            async for _ in ws:
+                pass
+            await eventually(lambda: bool(brain.of_type(SessionEnd)))
+            (end,) = brain.of_type(SessionEnd)
+            assert getattr(end, "reason", None) == "caller_hangup"
+            (hello,) = brain.of_type(Hello)
+            assert isinstance(hello, Hello)
+            assert hello.call.id == call_sid and hello.call.from_ == "+15550001111"
+            assert hello.resume is False
