@@ -8,7 +8,9 @@ mid-call must not end the call, and audio must flow again once it is back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -16,10 +18,19 @@ import httpx
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.exceptions import ConnectionClosed
 
+from brains.tap import Hello, SessionEnd
 from gateway.launcher import LOOPBACK, Service, echo_brain_process, gateway_process, spawn
 from media.pacer import DEFAULT_LEAD_MS
-from trunk.twilio.simulator import TwilioSimulator, best_lag_correlation
+from tests.conftest import eventually
+from trunk.twilio.simulator import (
+    TwilioSimulator,
+    best_lag_correlation,
+    connected_message,
+    new_sid,
+    start_message,
+)
 
 #: Slack on the pacing check: one event-loop hop on a loaded 2-core CI machine.
 PACING_SLACK_MS = 10.0
@@ -125,3 +136,34 @@ async def test_brain_killed_mid_call_comes_back(stack: Stack, speech_pcm: bytes)
         chaos.cancel()
         for service in revived:
             service.stop()
+
+
+async def test_gateway_shutdown_ends_calls_with_reason_shutdown() -> None:
+    from tests.test_gateway_calls import RecordingBrain
+
+    token = secrets.token_urlsafe(16)
+    async with RecordingBrain() as brain:
+        env = {
+            "RUTSTER_TAP_URL": brain.url,
+            "TWILIO_AUTH_TOKEN": token,
+            "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
+        }
+        with gateway_process(env) as gateway:
+            sim = TwilioSimulator(f"http://{LOOPBACK}:{gateway.port}", auth_token=token)
+            call_sid = new_sid("CA")
+            instructions = await sim.open_stream(call_sid, from_="+1", to="+2")
+            ws = await sim.connect_media(instructions)
+            await ws.send(connected_message())
+            await ws.send(
+                start_message(new_sid("MZ"), call_sid, sim.account_sid, instructions.parameters)
+            )
+            await eventually(lambda: bool(brain.of_type(Hello)))
+            stopping = asyncio.create_task(asyncio.to_thread(gateway.stop))
+            with contextlib.suppress(ConnectionClosed):
+                async for _ in ws:  # the gateway closes the media socket as it shuts down
+                    pass
+            assert ws.close_code == 1012  # service restart
+            assert await stopping in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
+        await eventually(lambda: bool(brain.of_type(SessionEnd)))
+        (end,) = brain.of_type(SessionEnd)
+        assert getattr(end, "reason", None) == "shutdown"

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import re
+from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from starlette.requests import Request
@@ -61,6 +62,8 @@ CALL_SID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_NORMAL = 1000
+#: Sent by uvicorn to every WebSocket when the server shuts down.
+CLOSE_SERVICE_RESTART = 1012
 
 
 def _state(holder: Request | WebSocket) -> GatewayState:
@@ -169,12 +172,19 @@ async def _refuse(websocket: WebSocket, code: int, reason: str) -> None:
         await websocket.close(code, reason)
 
 
-async def _receive_text(websocket: WebSocket, state: GatewayState) -> str | None:
-    """Next text frame, or None when the socket closed. Binary frames are counted and skipped."""
+@dataclass(frozen=True, slots=True)
+class _Closed:
+    """The media socket closed, with this close code."""
+
+    code: int
+
+
+async def _receive_text(websocket: WebSocket, state: GatewayState) -> str | _Closed:
+    """Next text frame, or ``_Closed`` once the socket closed; binary frames are counted."""
     while True:
         message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
-            return None
+            return _Closed(int(message.get("code", CLOSE_NORMAL)))
         text = message.get("text")
         if text is not None:
             return str(text)
@@ -220,7 +230,9 @@ async def twilio_stream(websocket: WebSocket) -> None:
         await call.start()
         while not call.ended.is_set():
             text = await _receive_text(websocket, state)
-            if text is None:
+            if isinstance(text, _Closed):
+                if text.code == CLOSE_SERVICE_RESTART:
+                    reason = SessionEndReason.SHUTDOWN  # uvicorn closing sockets on shutdown
                 break
             try:
                 event = codec.receive(text)
@@ -258,7 +270,7 @@ async def _await_start(
         async with asyncio.timeout(START_TIMEOUT_S):
             while True:
                 text = await _receive_text(websocket, state)
-                if text is None:
+                if isinstance(text, _Closed):
                     return None
                 try:
                     event = codec.receive(text)
