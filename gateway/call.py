@@ -41,6 +41,7 @@ from brains.tap import (
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.tap_client import TapClient
+from media.formats import samples_to_ms
 from media.pacer import Pacer, PacerState
 from media.playout import PlayoutBuffer
 from media.transform import InboundTransform, OutboundTransform
@@ -205,7 +206,7 @@ class Call:
                 self.frames_to_brain,
                 self.frames_out,
                 self.pacer.underruns,
-                self.playout.dropped_samples * 1000 // 24_000,
+                samples_to_ms(self.playout.dropped_samples),
                 self.tap.connections,
             )
 
@@ -272,7 +273,7 @@ class Call:
                         self.playout.max_ms,
                     )
                 self._metrics.playout_overflow_drops.inc()
-                self._metrics.playout_overflow_dropped_ms.inc(dropped * 1000 / 24_000)
+                self._metrics.playout_overflow_dropped_ms.inc(samples_to_ms(dropped))
             self._wake()
             return
         self._metrics.brain_events.labels(type(event).__name__).inc()
@@ -337,6 +338,7 @@ class Call:
             self._wake_pending = False
             if self._clear_pending:
                 self._clear_pending = False
+                tail_pending = False  # the resampler was reset: nothing of the cut audio left
                 await edge.send(ClearPlayback())
             frames = pacer.poll(clock())
             for frame in frames:

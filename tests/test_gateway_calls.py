@@ -8,6 +8,7 @@ import contextlib
 import json
 
 import httpx
+import numpy as np
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -15,6 +16,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from brains.echo import EchoBrain
 from brains.tap import (
+    AudioClear,
     AudioIn,
     AudioOut,
     Direction,
@@ -438,3 +440,55 @@ async def test_dtmf_and_session_end_reach_the_brain(echo_brain: EchoBrain) -> No
             assert isinstance(hello, Hello)
             assert hello.call.id == call_sid and hello.call.from_ == "+15550001111"
             assert hello.resume is False
+
+
+async def test_audio_clear_from_the_brain_flushes_playout_and_clears_twilio(
+    echo_brain: EchoBrain,
+) -> None:
+    """A brain that drops its answer: unplayed audio is flushed and Twilio gets ``clear``."""
+
+    async def brain_handler(ws: ServerConnection) -> None:
+        decoder = TapDecoder(Direction.CORE_TO_BRAIN)
+        encoder = TapEncoder(start_ms=0.0)
+        with contextlib.suppress(ConnectionClosed):
+            decoder.decode(await ws.recv())  # hello
+            tone = (np.sin(np.arange(24_000) / 4) * 8000).astype("<i2").tobytes()
+            for _ in range(5):  # 5 s of answer, far faster than real time
+                await ws.send(encoder.encode(AudioOut(tone, item="answer"), 0.0))
+            await asyncio.sleep(0.5)
+            await ws.send(encoder.encode(AudioClear(), 0.0))
+            async for _ in ws:
+                pass
+
+    async with serve(brain_handler, "127.0.0.1", 0, compression=None) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        brain_url = f"ws://127.0.0.1:{port}/clearing"
+        async with serve_gateway(gateway_config(echo_brain.url, allow=brain_url)) as gateway:
+            sim = simulator(gateway)
+            call_sid = new_sid("CA")
+            response = await sim.post_voice_webhook(
+                call_sid, from_="+1", to="+2", query=f"brain={brain_url}"
+            )
+            instructions = parse_connect_stream(response.text)
+            ws = await sim.connect_media(instructions)
+            stream_sid = new_sid("MZ")
+            await ws.send(connected_message())
+            await ws.send(
+                start_message(stream_sid, call_sid, sim.account_sid, instructions.parameters)
+            )
+            events: list[str] = []
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 2.0
+            with contextlib.suppress(TimeoutError):
+                while (left := deadline - loop.time()) > 0:
+                    events.append(json.loads(await asyncio.wait_for(ws.recv(), left))["event"])
+            assert "clear" in events
+            before_clear = events[: events.index("clear")].count("media")
+            after_clear = events[events.index("clear") :].count("media")
+            # Paced at real time for ~0.5 s before the clear (not the 5 s the brain sent)...
+            assert 15 <= before_clear <= 40
+            # ...and nothing of the dropped answer after it.
+            assert after_clear == 0
+            call = next(iter(gateway.state.calls.values()))
+            assert call.playout.buffered_samples == 0
+            await ws.close()
