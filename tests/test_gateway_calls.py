@@ -29,6 +29,7 @@ from brains.tap import (
 )
 from gateway.app import startup_warnings
 from gateway.config import GatewayConfig
+from gateway.server import MAX_WS_MESSAGE_BYTES
 from media.g711 import ulaw_encode
 from tests.conftest import (
     TEST_AUTH_TOKEN,
@@ -492,3 +493,25 @@ async def test_audio_clear_from_the_brain_flushes_playout_and_clears_twilio(
             call = next(iter(gateway.state.calls.values()))
             assert call.playout.buffered_samples == 0
             await ws.close()
+
+
+async def test_frame_over_the_websocket_limit_closes_that_call_only(
+    gateway: RunningGateway, speech_pcm: bytes
+) -> None:
+    normal = asyncio.create_task(simulator(gateway).place_call(speech_pcm[: 3 * 16000]))
+    ws, _, _ = await start_stream(gateway)
+    await eventually(lambda: len(gateway.state.calls) == 2)
+    with contextlib.suppress(ConnectionClosed):
+        await ws.send(json.dumps({"event": "media", "pad": "x" * (MAX_WS_MESSAGE_BYTES + 1)}))
+        async for _ in ws:
+            pass
+    assert ws.close_code == 1009
+    await eventually(
+        lambda: (
+            gateway.metric("rutster_bad_messages_total", source="twilio", reason="frame_too_large")
+            == 1
+        )
+    )
+    result = await normal
+    corr, _ = best_lag_correlation(speech_pcm[: 3 * 16000], result.heard_pcm)
+    assert corr >= 0.9

@@ -62,6 +62,8 @@ CALL_SID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_NORMAL = 1000
+#: RFC 6455: the peer sent a message over the size limit.
+CLOSE_MESSAGE_TOO_BIG = 1009
 #: Sent by uvicorn to every WebSocket when the server shuts down.
 CLOSE_SERVICE_RESTART = 1012
 
@@ -184,7 +186,12 @@ async def _receive_text(websocket: WebSocket, state: GatewayState) -> str | _Clo
     while True:
         message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
-            return _Closed(int(message.get("code", CLOSE_NORMAL)))
+            code = int(message.get("code", CLOSE_NORMAL))
+            if code == CLOSE_MESSAGE_TOO_BIG:
+                # uvicorn refused a frame over MAX_WS_MESSAGE_BYTES and closed the socket.
+                state.metrics.bad_messages.labels("twilio", "frame_too_large").inc()
+                log.warning("media socket closed: a frame exceeded the WebSocket size limit")
+            return _Closed(code)
         text = message.get("text")
         if text is not None:
             return str(text)
