@@ -16,6 +16,10 @@ DEFAULT_CALLER_WAV = (
     Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "audio" / "caller_speech_8k.wav"
 )
 DEFAULT_DEMO_OUT = Path("out") / "demo_reply.wav"
+#: ``rutster serve``'s default port (matches config.DEFAULT_PUBLIC_URL).
+DEFAULT_SERVE_PORT = 8080
+#: Seconds the demo waits for the gateway's /metrics.
+METRICS_TIMEOUT_S = 5.0
 
 
 def _setup_logging(level: str) -> None:
@@ -206,7 +210,7 @@ def _fetch_metrics(url: str) -> dict[str, float]:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(f"{url}/metrics", timeout=5).text
+    text = httpx.get(f"{url}/metrics", timeout=METRICS_TIMEOUT_S).text
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -221,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the gateway under uvicorn")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8080, help="bind port (default 8080)")
+    serve.add_argument(
+        "--port", type=int, default=DEFAULT_SERVE_PORT, help="bind port (default %(default)s)"
+    )
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=cmd_serve)
 

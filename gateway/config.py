@@ -99,7 +99,9 @@ class GatewayConfig:
     tap_allowlist: TapUrlAllowlist = field(default_factory=TapUrlAllowlist)
     tap_url_by_number: Mapping[str, str] = field(default_factory=dict)
     twilio_auth_token: str | None = field(default=None, repr=False)
-    stream_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    stream_secret: bytes = field(
+        default_factory=lambda: secrets.token_bytes(GENERATED_SECRET_BYTES), repr=False
+    )
     stream_secret_generated: bool = True
     playout_max_ms: int = DEFAULT_MAX_MS
     pacer_lead_ms: int = int(DEFAULT_LEAD_MS)

@@ -62,6 +62,8 @@ CALL_SID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_NORMAL = 1000
+#: RFC 6455 §5.5: a close frame's body is at most 125 bytes, 2 of them the code.
+MAX_CLOSE_REASON_CHARS = 120
 #: RFC 6455: the peer sent a message over the size limit.
 CLOSE_MESSAGE_TOO_BIG = 1009
 #: Sent by uvicorn to every WebSocket when the server shuts down.
@@ -166,7 +168,7 @@ class TwilioEdge:
             return
         self.closed = True
         with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-            await self._ws.close(CLOSE_NORMAL, reason[:120])
+            await self._ws.close(CLOSE_NORMAL, reason[:MAX_CLOSE_REASON_CHARS])
 
 
 async def _refuse(websocket: WebSocket, code: int, reason: str) -> None:
