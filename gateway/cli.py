@@ -10,6 +10,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 #: The recorded speech shipped with the project (tests/fixtures/audio/README.md).
 DEFAULT_CALLER_WAV = (
@@ -79,6 +80,7 @@ async def _run_call(
     speed: float,
     seconds: float,
     auth_token: str | None,
+    brain: str | None = None,
 ) -> dict[str, object]:
     from trunk.twilio.simulator import (
         TwilioSimulator,
@@ -92,7 +94,8 @@ async def _run_call(
         pcm = pcm[: int(seconds * 8000) * 2]
     simulator = TwilioSimulator(gateway_url, auth_token=auth_token)
     started = time.monotonic()
-    result = await simulator.place_call(pcm, speed=speed)
+    query = urlencode({"brain": brain}) if brain else ""
+    result = await simulator.place_call(pcm, speed=speed, query=query)
     corr, lag = best_lag_correlation(pcm, result.heard_pcm)
     if out is not None:
         write_wav_8k(out, result.heard_pcm)
@@ -145,7 +148,15 @@ def cmd_call(args: argparse.Namespace) -> int:
     _setup_logging("warning")
     token = _auth_token_from_env()
     report = asyncio.run(
-        _run_call(args.gateway, Path(args.wav), Path(args.out), args.speed, args.seconds, token)
+        _run_call(
+            args.gateway,
+            Path(args.wav),
+            Path(args.out),
+            args.speed,
+            args.seconds,
+            token,
+            args.brain,
+        )
     )
     _print_call_report(report)
     return 0
@@ -249,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--out", default="out/call_reply.wav", help="where to write what was heard")
     call.add_argument("--speed", type=float, default=1.0, help="send faster than real time")
     call.add_argument("--seconds", type=float, default=0.0, help="only the first N s (0 = all)")
+    call.add_argument(
+        "--brain", default=None, help="choose an allowlisted brain URL via the webhook's ?brain="
+    )
     call.set_defaults(func=cmd_call)
 
     demo = sub.add_parser("demo", help="gateway + echo brain + one simulated call, offline")

@@ -45,7 +45,6 @@ from trunk.twilio.simulator import (
     connected_message,
     media_message,
     new_sid,
-    parse_connect_stream,
     signed_headers,
     start_message,
     stop_message,
@@ -59,12 +58,24 @@ def simulator(gateway: RunningGateway, token: str | None = TEST_AUTH_TOKEN) -> T
 
 
 async def start_stream(
-    gateway: RunningGateway, *, parameters: dict[str, str] | None = None
+    gateway: RunningGateway,
+    *,
+    parameters: dict[str, str] | None = None,
+    brain: str | None = None,
+    call_sid: str | None = None,
 ) -> tuple[ClientConnection, str, StreamInstructions]:
-    """Webhook + media socket + connected/start; returns the socket and its streamSid."""
+    """Webhook + media socket + connected/start; returns the socket and its streamSid.
+
+    ``brain`` picks an (allowlisted) brain through the webhook URL's query.
+    """
     sim = simulator(gateway)
-    call_sid = new_sid("CA")
-    instructions = await sim.open_stream(call_sid, from_="+15550001111", to="+15550002222")
+    call_sid = call_sid or new_sid("CA")
+    instructions = await sim.open_stream(
+        call_sid,
+        from_="+15550001111",
+        to="+15550002222",
+        query=f"brain={brain}" if brain else "",
+    )
     ws = await sim.connect_media(instructions)
     stream_sid = new_sid("MZ")
     await ws.send(connected_message())
@@ -404,19 +415,8 @@ async def test_dtmf_and_session_end_reach_the_brain(echo_brain: EchoBrain) -> No
     async with RecordingBrain() as brain:
         config = gateway_config(echo_brain.url, allow=brain.url)
         async with serve_gateway(config) as gateway:
-            sim = simulator(gateway)
             call_sid = new_sid("CA")
-            response = await sim.post_voice_webhook(
-                call_sid, from_="+15550001111", to="+15550002222", query=f"brain={brain.url}"
-            )
-            assert response.status_code == 200
-            instructions = parse_connect_stream(response.text)
-            ws = await sim.connect_media(instructions)
-            stream_sid = new_sid("MZ")
-            await ws.send(connected_message())
-            await ws.send(
-                start_message(stream_sid, call_sid, sim.account_sid, instructions.parameters)
-            )
+            ws, stream_sid, _ = await start_stream(gateway, brain=brain.url, call_sid=call_sid)
             await eventually(lambda: bool(brain.of_type(Hello)))
             for seq, digit in enumerate("7#", start=2):
                 await ws.send(
@@ -431,7 +431,7 @@ async def test_dtmf_and_session_end_reach_the_brain(echo_brain: EchoBrain) -> No
                 )
             await eventually(lambda: len(brain.of_type(Dtmf)) == 2)
             assert [getattr(d, "digit", None) for d in brain.of_type(Dtmf)] == ["7", "#"]
-            await ws.send(stop_message(stream_sid, 9, call_sid, sim.account_sid))
+            await ws.send(stop_message(stream_sid, 9, call_sid, "AC1"))
             async for _ in ws:
                 pass
             await eventually(lambda: bool(brain.of_type(SessionEnd)))
@@ -465,18 +465,7 @@ async def test_audio_clear_from_the_brain_flushes_playout_and_clears_twilio(
         port = next(iter(server.sockets)).getsockname()[1]
         brain_url = f"ws://127.0.0.1:{port}/clearing"
         async with serve_gateway(gateway_config(echo_brain.url, allow=brain_url)) as gateway:
-            sim = simulator(gateway)
-            call_sid = new_sid("CA")
-            response = await sim.post_voice_webhook(
-                call_sid, from_="+1", to="+2", query=f"brain={brain_url}"
-            )
-            instructions = parse_connect_stream(response.text)
-            ws = await sim.connect_media(instructions)
-            stream_sid = new_sid("MZ")
-            await ws.send(connected_message())
-            await ws.send(
-                start_message(stream_sid, call_sid, sim.account_sid, instructions.parameters)
-            )
+            ws, _, _ = await start_stream(gateway, brain=brain_url)
             events: list[str] = []
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 2.0

@@ -277,9 +277,15 @@ class TwilioSimulator:
                 url, data=params, headers=signed_headers(self.auth_token, url, params)
             )
 
-    async def open_stream(self, call_sid: str, *, from_: str, to: str) -> StreamInstructions:
-        """Webhook → TwiML → the stream instructions (raises on a non-200 answer)."""
-        response = await self.post_voice_webhook(call_sid, from_=from_, to=to)
+    async def open_stream(
+        self, call_sid: str, *, from_: str, to: str, query: str = ""
+    ) -> StreamInstructions:
+        """Webhook → TwiML → the stream instructions (raises on a non-200 answer).
+
+        ``query`` is added to the webhook URL, as an operator would configure it
+        on the number (e.g. ``brain=wss://...`` to choose an allowlisted brain).
+        """
+        response = await self.post_voice_webhook(call_sid, from_=from_, to=to, query=query)
         if response.status_code != 200:
             raise RuntimeError(f"voice webhook answered {response.status_code}: {response.text}")
         return parse_connect_stream(response.text)
@@ -301,11 +307,15 @@ class TwilioSimulator:
         to: str = "+15559870000",
         speed: float = 1.0,
         tail_s: float = DEFAULT_TAIL_S,
+        query: str = "",
     ) -> SimulatedCallResult:
-        """Run one whole call: stream ``caller_pcm`` (PCM16 8 kHz) and record the answer."""
+        """Run one whole call: stream ``caller_pcm`` (PCM16 8 kHz) and record the answer.
+
+        ``query`` is added to the voice-webhook URL (see :meth:`open_stream`).
+        """
         call_sid = new_sid("CA")
         stream_sid = new_sid("MZ")
-        instructions = await self.open_stream(call_sid, from_=from_, to=to)
+        instructions = await self.open_stream(call_sid, from_=from_, to=to, query=query)
         result = SimulatedCallResult(call_sid=call_sid, stream_sid=stream_sid)
         mulaw = ulaw_encode(caller_pcm)
         async with await self.connect_media(instructions) as ws:
