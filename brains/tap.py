@@ -82,6 +82,8 @@ class SessionEndReason(StrEnum):
     MAX_DURATION = "max_duration"
     ERROR = "error"
     SHUTDOWN = "shutdown"
+    #: The ``transfer`` tool handed the caller to another line (additive in v1).
+    TRANSFERRED = "transferred"
 
 
 class TapErrorReason(StrEnum):

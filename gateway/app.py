@@ -17,6 +17,7 @@ from starlette.routing import Route, WebSocketRoute
 from brains.tap import SessionEndReason
 from gateway.config import GatewayConfig
 from gateway.state import GatewayState
+from trunk.twilio.call_control import TwilioCallControl
 from trunk.twilio.routes import twilio_stream, twilio_voice
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,12 @@ def startup_warnings(config: GatewayConfig) -> list[str]:
             "so a media socket must reach the same process that answered the webhook. Set it "
             "when running several gateway processes."
         )
+    if not config.twilio_rest_enabled:
+        warnings.append(
+            "TWILIO_ACCOUNT_SID is not set: the hangup tool ends calls by closing the media "
+            "stream, and the transfer tool is unavailable. Set TWILIO_ACCOUNT_SID (and "
+            "TWILIO_AUTH_TOKEN) to act on calls through Twilio's REST API."
+        )
     if not config.public_url.startswith("https://"):
         warnings.append(
             f"RUTSTER_PUBLIC_URL is {config.public_url}: Twilio only connects media streams "
@@ -58,6 +65,15 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
         # Everything loaded so far lives as long as the process: move it out of the
         # cyclic GC's reach. Measured: without this a full (gen2) collection paused
         # the event loop ~20 ms with 75 calls up, late enough to starve playout.
+        config = state.config
+        control = None
+        if config.twilio_account_sid is not None and config.twilio_auth_token is not None:
+            control = TwilioCallControl(
+                account_sid=config.twilio_account_sid,
+                auth_token=config.twilio_auth_token,
+                base_url=config.twilio_api_base_url,
+            )
+            state.twilio_call_control = control
         gc.collect()
         gc.freeze()
         log.info(
@@ -70,6 +86,8 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
         if calls:
             log.info("shutting down: ending %d call(s)", len(calls))
             await asyncio.gather(*(c.end(SessionEndReason.SHUTDOWN) for c in calls))
+        if control is not None:
+            await control.aclose()
 
     async def healthz(request: Request) -> Response:
         return JSONResponse(

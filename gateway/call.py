@@ -16,7 +16,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from brains.tap import (
     AdvisorySpeechStarted,
@@ -31,20 +31,27 @@ from brains.tap import (
     CallInfo,
     Dtmf,
     FunctionCall,
-    FunctionCallOutput,
     Hello,
     SessionEndReason,
+    SpeechStarted,
+    SpeechStopped,
     ToolStatus,
     ToolsUpdate,
     Usage,
 )
+from brains.tool_catalog import TOOL_CATALOG
+from gateway.call_trail import CallTrail
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.tap_client import TapClient
+from gateway.tool_registry import ToolOutcome, ToolRegistry
+from media.endpointing import EndpointerConfig, EnergyEndpointer, TurnEnded
+from media.endpointing import SpeechStarted as EndpointerSpeechStarted
 from media.formats import samples_to_ms
 from media.pacer import Pacer, PacerState
 from media.playout import PlayoutBuffer
 from media.transform import InboundTransform, OutboundTransform
+from trunk.call_control import CallControlFailure, ProviderCallControl
 from trunk.events import (
     AudioReceived,
     ClearPlayback,
@@ -101,6 +108,7 @@ class Call:
         config: GatewayConfig,
         metrics: GatewayMetrics,
         edge: CallEdge,
+        call_control: ProviderCallControl | None = None,
         clock_ms: Callable[[], float] = monotonic_ms,
     ) -> None:
         self.context = started.call
@@ -109,6 +117,7 @@ class Call:
         self._config = config
         self._metrics = metrics
         self._edge = edge
+        self._call_control = call_control
         self._clock_ms = clock_ms
         self._inbound = InboundTransform(started.media_format)
         self._outbound = OutboundTransform(started.media_format)
@@ -135,6 +144,21 @@ class Call:
         self.end_reason: SessionEndReason | None = None
         self.started_ms = clock_ms()
         self.tools: ToolsUpdate | None = None
+        self.trail = CallTrail(self.session_id, clock_ms=clock_ms)
+        self.endpointer = EnergyEndpointer(
+            EndpointerConfig(
+                min_speech_ms=config.min_speech_ms, trailing_silence_ms=config.turn_silence_ms
+            )
+        )
+        self.tool_registry = ToolRegistry(
+            {"hangup": self._tool_hangup, "transfer": self._tool_transfer},
+            own_schemas={name: TOOL_CATALOG[name].parameters for name in ("hangup", "transfer")},
+            limits=config.tool_limits,
+            clock_ms=clock_ms,
+        )
+        self._tool_tasks: set[asyncio.Task[None]] = set()
+        self._hanging_up = False
+        self.turns = 0
         self.brain: BrainHello | None = None
         # Counters for the end-of-call log line and tests (Prometheus has the totals).
         self.frames_in = 0
@@ -162,6 +186,10 @@ class Call:
         if self._config.brain_grace_ms > 0:
             self._tasks.append(asyncio.create_task(self._watch_grace(), name=f"{label}:grace"))
         self._metrics.call_tasks.inc(len(self._tasks))
+        self.trail.record(
+            "call_started",
+            {"provider": self.context.provider, "direction": self.context.direction.value},
+        )
         log.info(
             "call %s started: provider=%s call_id=%s direction=%s brain=%s",
             label,
@@ -181,10 +209,14 @@ class Call:
             return
         self._ending = True
         self.end_reason = reason
+        self.trail.record("call_ended", {"reason": reason.value, "turns": self.turns})
         try:
             await self.tap.close(reason)
         finally:
             current = asyncio.current_task()
+            for tool_task in list(self._tool_tasks):
+                if tool_task is not current:
+                    tool_task.cancel()
             for task in self._tasks:
                 if task is not current:
                     task.cancel()
@@ -249,15 +281,31 @@ class Call:
             return
         tap = self.tap
         sent = 0
+        now = self._clock_ms()
         for frame in frames:
             if await tap.send_audio_in(frame):
                 sent += 1
+            for turn_event in self.endpointer.process(frame, now):
+                await self._on_turn_event(turn_event)
         if frames:
             self.frames_in += len(frames)
             self.frames_to_brain += sent
             self._metrics.frames_in.inc(len(frames))
             if sent:
                 self._metrics.frames_to_brain.inc(sent)
+
+    async def _on_turn_event(self, event: EndpointerSpeechStarted | TurnEnded) -> None:
+        # Barge-in (cutting assistant audio when the caller talks over it) is the
+        # reflex loop's job; until it lands every start is reported uninterrupted.
+        if isinstance(event, EndpointerSpeechStarted):
+            self._metrics.turn_events.labels("speech_started").inc()
+            await self.tap.send(SpeechStarted(interrupted=False), kind="speech_started")
+            return
+        self.turns += 1
+        self.tool_registry.turn_ended()
+        self._metrics.turn_events.labels("turn_ended").inc()
+        self.trail.record("turn_ended", {"speech_ms": round(event.speech_ms)})
+        await self.tap.send(SpeechStopped(), kind="speech_stopped")
 
     # ---- brain -> core ------------------------------------------------------
 
@@ -280,18 +328,28 @@ class Call:
         if isinstance(event, AudioClear):
             self._clear_playout()
         elif isinstance(event, FunctionCall):
-            # The tool registry arrives with the realtime-brain work; until then every
-            # proposal gets its one answer, so the model is never left waiting.
-            await self.tap.send(
-                FunctionCallOutput(
-                    id=event.id,
-                    status=ToolStatus.NOT_IMPLEMENTED,
-                    result={"error": f"tool {event.name!r} is not implemented by this gateway"},
-                ),
-                kind="function_call_output",
+            if not self.tool_registry.claim(event.id):
+                # One answer per call id (TAP_PROTOCOL.md): a repeat is dropped, counted.
+                self.tool_registry.duplicates_dropped += 1
+                self._metrics.bad_messages.labels("brain", "duplicate_call_id").inc()
+                return
+            # Tools run beside the brain connection: a slow provider request must
+            # not hold up the audio the brain keeps sending.
+            task = asyncio.create_task(
+                self._run_tool(event), name=f"{self.session_id}:tool:{event.name[:32]}"
             )
+            self._tool_tasks.add(task)
+            task.add_done_callback(self._tool_tasks.discard)
         elif isinstance(event, ToolsUpdate):
             self.tools = event
+            invalid = self.tool_registry.update_catalog(event)
+            if invalid:
+                self._metrics.bad_messages.labels("brain", "invalid_tool_schema").inc(len(invalid))
+                log.warning(
+                    "call %s: brain tools with an invalid JSON Schema ignored: %s",
+                    self.session_id,
+                    ", ".join(name[:64] for name in invalid),
+                )
         elif isinstance(event, BrainHello):
             self.brain = event
             log.info("call %s: brain is %s %s", self.session_id, event.name, event.version)
@@ -308,6 +366,74 @@ class Call:
             # Advisory only: the core owns turns (doctrine 1). Usage feeds the spend
             # gate once it exists; for now it is counted.
             pass
+
+    # ---- tools ----------------------------------------------------------------
+
+    async def _run_tool(self, call: FunctionCall) -> None:
+        output, receipt = await self.tool_registry.dispose(call)
+        self.trail.record("tool_call", receipt.as_payload())
+        self._metrics.tool_calls.labels(receipt.tool, receipt.status.value).inc()
+        await self.tap.send(output, kind="function_call_output")
+        if receipt.status is not ToolStatus.OK:
+            return
+        if receipt.tool == "hangup":
+            await self._edge.close("hangup tool")
+            await self.end(SessionEndReason.HANGUP_TOOL)
+        elif receipt.tool == "transfer":
+            await self.end(SessionEndReason.TRANSFERRED)
+
+    async def _tool_hangup(self, args: dict[str, Any]) -> ToolOutcome:
+        if self._ending or self._hanging_up:
+            return ToolOutcome(
+                ToolStatus.ERROR, {"error": "the call is already ending"}, "already_ending"
+            )
+        self._hanging_up = True
+        if self._call_control is None:
+            # No provider credentials: closing the media stream ends the call, since
+            # nothing follows <Connect><Stream> in the TwiML we answered with.
+            return ToolOutcome(ToolStatus.OK, {"channel": "stream_closed"}, "stream_closed")
+        try:
+            channel = await self._call_control.hang_up(self.context.call_id)
+        except CallControlFailure as exc:
+            if exc.reason == "already_ended":
+                return ToolOutcome(
+                    ToolStatus.ERROR, {"error": "the call has already ended"}, "already_ended"
+                )
+            self._hanging_up = False
+            return ToolOutcome(
+                ToolStatus.ERROR, {"error": f"hang-up failed ({exc.reason})"}, exc.reason
+            )
+        except BaseException:
+            self._hanging_up = False  # timed out or cancelled: a retry may go ahead
+            raise
+        return ToolOutcome(ToolStatus.OK, {"channel": channel}, "ok")
+
+    async def _tool_transfer(self, args: dict[str, Any]) -> ToolOutcome:
+        destination = str(args["destination"])
+        if not self._config.transfer_allowlist.allows(destination):
+            return ToolOutcome(
+                ToolStatus.REJECTED,
+                {"error": "that destination is not on the operator's transfer allowlist"},
+                "destination_not_allowed",
+            )
+        if self._ending or self._hanging_up:
+            return ToolOutcome(
+                ToolStatus.ERROR, {"error": "the call is already ending"}, "already_ending"
+            )
+        if self._call_control is None:
+            return ToolOutcome(
+                ToolStatus.ERROR,
+                {"error": "transfers need provider call control, which is not configured"},
+                "no_call_control",
+            )
+        try:
+            channel = await self._call_control.transfer(self.context.call_id, destination)
+        except CallControlFailure as exc:
+            return ToolOutcome(
+                ToolStatus.ERROR, {"error": f"transfer failed ({exc.reason})"}, exc.reason
+            )
+        self._hanging_up = True
+        return ToolOutcome(ToolStatus.OK, {"channel": channel}, "ok")
 
     def _clear_playout(self) -> None:
         discarded = self.pacer.clear(self._clock_ms())

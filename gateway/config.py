@@ -15,8 +15,18 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.tap_allowlist import TapUrlAllowlist
+from gateway.tool_registry import (
+    DEFAULT_CALLS_PER_CALL,
+    DEFAULT_CALLS_PER_TURN,
+    DEFAULT_RESULT_MAX_BYTES,
+    DEFAULT_TOOL_TIMEOUT_MS,
+    ToolLimits,
+)
+from gateway.transfer_allowlist import TransferAllowlist
+from media.endpointing import MIN_SPEECH_MS, TRAILING_SILENCE_MS
 from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
 from media.playout import DEFAULT_MAX_MS
+from trunk.twilio.call_control import ACCOUNT_SID_PATTERN, TWILIO_API_BASE_URL
 from trunk.twilio.stream_token import MIN_SECRET_BYTES
 
 #: Where the gateway is reached from the internet when nothing is configured: the
@@ -108,6 +118,17 @@ class GatewayConfig:
     pacer_start_ms: int = int(DEFAULT_START_MS)
     mark_every_frames: int = DEFAULT_MARK_EVERY_FRAMES
     brain_grace_ms: int = DEFAULT_BRAIN_GRACE_MS
+    twilio_account_sid: str | None = None
+    twilio_api_base_url: str = TWILIO_API_BASE_URL
+    transfer_allowlist: TransferAllowlist = field(default_factory=TransferAllowlist)
+    tool_limits: ToolLimits = field(default_factory=ToolLimits)
+    turn_silence_ms: int = int(TRAILING_SILENCE_MS)
+    min_speech_ms: int = int(MIN_SPEECH_MS)
+
+    @property
+    def twilio_rest_enabled(self) -> bool:
+        """True when tools can act on Twilio calls through the REST API."""
+        return self.twilio_account_sid is not None and self.twilio_auth_token is not None
 
     @property
     def signatures_enforced(self) -> bool:
@@ -159,6 +180,29 @@ class GatewayConfig:
             raise ConfigError(
                 f"RUTSTER_STREAM_SECRET must be at least {MIN_SECRET_BYTES} bytes long"
             )
+        account_sid = env.get("TWILIO_ACCOUNT_SID", "").strip() or None
+        if account_sid is not None and not ACCOUNT_SID_PATTERN.fullmatch(account_sid):
+            raise ConfigError("TWILIO_ACCOUNT_SID must be 'AC' followed by 32 hex digits")
+        api_base = env.get("TWILIO_API_BASE_URL", "").strip() or TWILIO_API_BASE_URL
+        base_parts = urlsplit(api_base)
+        if base_parts.scheme not in ("http", "https") or not base_parts.netloc:
+            raise ConfigError(f"TWILIO_API_BASE_URL must be an http(s) URL, got {api_base!r}")
+        try:
+            transfer_allowlist = TransferAllowlist.parse(env.get("RUTSTER_TRANSFER_ALLOWLIST", ""))
+        except ValueError as exc:
+            raise ConfigError(f"RUTSTER_TRANSFER_ALLOWLIST: {exc}") from None
+        tool_limits = ToolLimits(
+            calls_per_turn=_int(
+                env, "RUTSTER_TOOL_CALLS_PER_TURN", DEFAULT_CALLS_PER_TURN, minimum=1
+            ),
+            calls_per_call=_int(
+                env, "RUTSTER_TOOL_CALLS_PER_CALL", DEFAULT_CALLS_PER_CALL, minimum=1
+            ),
+            timeout_ms=_int(env, "RUTSTER_TOOL_TIMEOUT_MS", DEFAULT_TOOL_TIMEOUT_MS, minimum=1),
+            result_max_bytes=_int(
+                env, "RUTSTER_TOOL_RESULT_MAX_BYTES", DEFAULT_RESULT_MAX_BYTES, minimum=64
+            ),
+        )
         return cls(
             public_url=public_url,
             tap_url=tap_url,
@@ -176,4 +220,12 @@ class GatewayConfig:
                 env, "RUTSTER_MARK_EVERY_FRAMES", DEFAULT_MARK_EVERY_FRAMES, minimum=1
             ),
             brain_grace_ms=_int(env, "RUTSTER_BRAIN_GRACE_MS", DEFAULT_BRAIN_GRACE_MS),
+            twilio_account_sid=account_sid,
+            twilio_api_base_url=api_base.rstrip("/"),
+            transfer_allowlist=transfer_allowlist,
+            tool_limits=tool_limits,
+            turn_silence_ms=_int(
+                env, "RUTSTER_TURN_SILENCE_MS", int(TRAILING_SILENCE_MS), minimum=100
+            ),
+            min_speech_ms=_int(env, "RUTSTER_MIN_SPEECH_MS", int(MIN_SPEECH_MS), minimum=20),
         )

@@ -92,6 +92,18 @@ class GatewayMetrics:
         self.brain_events = Counter(
             "rutster_brain_events", "Brain messages received, by type", ["type"], registry=r
         )
+        self.turn_events = Counter(
+            "rutster_turn_events",
+            "Turn decisions sent to brains (speech_started, turn_ended)",
+            ["event"],
+            registry=r,
+        )
+        self.tool_calls = Counter(
+            "rutster_tool_calls",
+            "Brain tool calls answered by the registry, by tool and status",
+            ["tool", "status"],
+            registry=r,
+        )
         self.signature_failures = Counter(
             "rutster_signature_failures",
             "Requests refused for a missing or invalid X-Twilio-Signature",

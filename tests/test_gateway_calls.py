@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import json
+from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -336,15 +337,24 @@ async def test_function_call_gets_one_answer(gateway: RunningGateway) -> None:
     original = call.tap.send
 
     async def spy(event: object, *, kind: str) -> bool:
-        sent.append(event)
+        if kind == "function_call_output":
+            sent.append(event)
         return await original(event, kind=kind)  # type: ignore[arg-type]
 
     call.tap.send = spy  # type: ignore[method-assign]
+    # The echo brain sent no tools.update, so even a tool the gateway implements
+    # is outside the brain's catalog: not_implemented, answered once, call untouched.
     await call._on_brain_event(FunctionCall(id="fc1", name="hangup", args={}))
+    await call._on_brain_event(FunctionCall(id="fc1", name="hangup", args={}))
+    await eventually(lambda: len(sent) >= 1)
+    await asyncio.sleep(0.05)
     assert len(sent) == 1
     answer = sent[0]
     assert getattr(answer, "id", None) == "fc1"
     assert getattr(answer, "status", None) == "not_implemented"
+    assert not call.ended.is_set()
+    receipts = call.trail.of_type("tool_call")
+    assert [r.payload["reason"] for r in receipts] == ["not_in_catalog"]
     await ws.close()
 
 
@@ -356,8 +366,11 @@ def test_dev_mode_is_loud() -> None:
         stream_secret=b"x" * 32,
         stream_secret_generated=False,
         public_url="https://gw.example.com",
+        twilio_account_sid="AC" + "0" * 32,
     )
     assert startup_warnings(secure) == []
+    without_rest = replace(secure, twilio_account_sid=None)
+    assert any("TWILIO_ACCOUNT_SID" in w for w in startup_warnings(without_rest))
 
 
 async def test_healthz_and_metrics(gateway: RunningGateway) -> None:

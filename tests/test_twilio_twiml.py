@@ -9,9 +9,14 @@ from twilio.twiml.voice_response import Connect, VoiceResponse
 
 from trunk.twilio.twiml import (
     XML_DECLARATION,
+    TransferDestination,
+    TransferKind,
     connect_stream_twiml,
+    is_valid_transfer_destination,
+    parse_transfer_destination,
     reject_twiml,
     say_hangup_twiml,
+    transfer_twiml,
 )
 
 STREAM_URL = "wss://gw.example.com/twilio/media"
@@ -199,3 +204,88 @@ def test_reject_default_and_bad_reason() -> None:
 def test_empty_say_is_refused(message: str) -> None:
     with pytest.raises(ValueError):
         say_hangup_twiml(message)
+
+
+# ---- transfer (<Dial>) ----------------------------------------------------------------
+
+VALID_NUMBERS = ["+15551230000", "+442071838750", "+12", "+123456789012345"]
+VALID_SIP_URIS = [
+    "sip:agent@pbx.example.com",
+    "sips:agent@pbx.example.com:5061",
+    "sip:+15551230000@trunk.example.com;transport=tls",
+    "sip:pbx.example.com",
+    "sip:1001@192.0.2.10:5080",
+    "sip:agent@[2001:db8::1]:5060;transport=tcp",
+    "sip:agent@pbx.example.com?X-Rutster-Call=abc&X-Reason=transfer",
+    "sip:alice:secret@pbx.example.com.",
+]
+INVALID_DESTINATIONS = [
+    "",
+    "15551230000",  # no +
+    "+05551230000",  # country codes never start with 0
+    "+1234567890123456",  # 16 digits: longer than E.164 allows
+    "+1 555 123 0000",
+    "+1-555-123-0000",
+    " +15551230000",
+    "+15551230000\n",
+    "+\u0661\u0665\u0665\u0665",  # Arabic-Indic digits
+    "tel:+15551230000",
+    "https://pbx.example.com",
+    "sip:",
+    "sip:agent@",
+    "sip:agent@pbx..example.com",
+    "sip:agent@-pbx.example.com",
+    "sip:agent@pbx.example.com:0",
+    "sip:agent@pbx.example.com:65536",
+    "sip:agent@[not-ipv6]",
+    "sip:agent @pbx.example.com",
+    "sip:agent@pbx.example.com\n",
+    "sip:agent@pbx.example.com</Sip><Redirect>https://evil.example</Redirect>",
+    'sip:agent@pbx.example.com" foo="bar',
+    "sip:agent@pbx.example.com\x00",
+]
+
+
+def _reference_dial(noun: str, address: str) -> str:
+    response = VoiceResponse()
+    dial = response.dial()
+    if noun == "Number":
+        dial.number(address)
+    else:
+        dial.sip(address)
+    return str(response.to_xml())
+
+
+@pytest.mark.parametrize("number", VALID_NUMBERS)
+def test_transfer_to_number_matches_twilio_python(number: str) -> None:
+    ours = transfer_twiml(number)
+    assert _shape(_parse(ours)) == _shape(_parse(_reference_dial("Number", number)))
+    assert _shape(_parse(ours)) == (
+        "Response",
+        {},
+        None,
+        [("Dial", {}, None, [("Number", {}, number, [])])],
+    )
+    assert parse_transfer_destination(number) == TransferDestination(TransferKind.NUMBER, number)
+
+
+@pytest.mark.parametrize("uri", VALID_SIP_URIS)
+def test_transfer_to_sip_matches_twilio_python(uri: str) -> None:
+    ours = transfer_twiml(uri)
+    assert _shape(_parse(ours)) == _shape(_parse(_reference_dial("Sip", uri)))
+    sip = _parse(ours).find("./Dial/Sip")
+    assert sip is not None and sip.text == uri
+    assert is_valid_transfer_destination(uri)
+
+
+def test_sip_scheme_is_lower_cased() -> None:
+    assert parse_transfer_destination("SIPS:agent@pbx.example.com") == TransferDestination(
+        TransferKind.SIP, "sips:agent@pbx.example.com"
+    )
+
+
+@pytest.mark.parametrize("destination", INVALID_DESTINATIONS)
+def test_bad_transfer_destination_is_refused(destination: str) -> None:
+    assert not is_valid_transfer_destination(destination)
+    with pytest.raises(ValueError, match="transfer destination"):
+        transfer_twiml(destination)

@@ -232,7 +232,14 @@ async def twilio_stream(websocket: WebSocket) -> None:
         await _refuse(websocket, CLOSE_POLICY_VIOLATION, "brain URL not allowed")
         return
     edge = TwilioEdge(websocket, codec)
-    call = Call(started, tap_url=tap_url, config=config, metrics=metrics, edge=edge)
+    call = Call(
+        started,
+        tap_url=tap_url,
+        config=config,
+        metrics=metrics,
+        edge=edge,
+        call_control=state.twilio_call_control,
+    )
     state.calls[call.session_id] = call
     reason = SessionEndReason.CALLER_HANGUP
     try:
@@ -267,6 +274,7 @@ async def twilio_stream(websocket: WebSocket) -> None:
     finally:
         await call.end(reason)
         state.calls.pop(call.session_id, None)
+        state.remember_trail(call.trail)
         await edge.close("call ended")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import secrets
 import time
@@ -58,6 +59,8 @@ class SimulatedCallResult:
 
     call_sid: str
     stream_sid: str
+    #: True when the call ended because the provider hung it up (``provider_hangup``).
+    hung_up_by_provider: bool = False
     frames_sent: int = 0
     media_received: int = 0
     audio_ms_received: float = 0.0
@@ -308,17 +311,24 @@ class TwilioSimulator:
         speed: float = 1.0,
         tail_s: float = DEFAULT_TAIL_S,
         query: str = "",
+        call_sid: str | None = None,
+        provider_hangup: asyncio.Event | None = None,
     ) -> SimulatedCallResult:
         """Run one whole call: stream ``caller_pcm`` (PCM16 8 kHz) and record the answer.
 
         ``query`` is added to the voice-webhook URL (see :meth:`open_stream`).
+        ``provider_hangup``, once set (e.g. by the fake Twilio REST server when the
+        gateway hangs up through the REST API), ends the call early the way Twilio
+        does: the caller's media stops and a ``stop`` event follows.
         """
-        call_sid = new_sid("CA")
+        call_sid = call_sid or new_sid("CA")
+        hangup = provider_hangup or asyncio.Event()
         stream_sid = new_sid("MZ")
         instructions = await self.open_stream(call_sid, from_=from_, to=to, query=query)
         result = SimulatedCallResult(call_sid=call_sid, stream_sid=stream_sid)
         mulaw = ulaw_encode(caller_pcm)
-        async with await self.connect_media(instructions) as ws:
+        ws = await self.connect_media(instructions)
+        async with ws:
             await ws.send(connected_message())
             await ws.send(
                 start_message(stream_sid, call_sid, self.account_sid, instructions.parameters)
@@ -332,6 +342,8 @@ class TwilioSimulator:
                     mulaw[i : i + SIM_FRAME_BYTES] for i in range(0, len(mulaw), SIM_FRAME_BYTES)
                 ]
                 for n, chunk in enumerate(frames):
+                    if hangup.is_set():
+                        break
                     due = t0 + n * SIM_FRAME_MS / speed
                     delay = (due - time.monotonic() * 1000.0) / 1000.0
                     if delay > 0:
@@ -339,7 +351,10 @@ class TwilioSimulator:
                     await ws.send(media_message(stream_sid, seq, n + 1, n * SIM_FRAME_MS, chunk))
                     seq += 1
                     result.frames_sent += 1
-                await asyncio.sleep(tail_s)
+                if not hangup.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(hangup.wait(), tail_s)
+                result.hung_up_by_provider = hangup.is_set()
                 await ws.send(stop_message(stream_sid, seq, call_sid, self.account_sid))
                 await ws.close()
             except ConnectionClosed:

@@ -9,9 +9,12 @@ Twilio cannot parse.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from urllib.parse import SplitResult, urlsplit
 
 #: Declaration Twilio's own helper library emits (twilio-python ``TwiML.to_xml``).
@@ -25,6 +28,32 @@ STATUS_CALLBACK_SCHEMES = frozenset({"http", "https"})
 
 #: ``<Reject reason>`` values Twilio accepts (TwiML ``<Reject>`` docs; twilio-python ``reject``).
 REJECT_REASONS = frozenset({"rejected", "busy"})
+
+#: E.164 number as Twilio's ``<Number>`` wants it: ``+``, a non-zero country-code digit, at most
+#: 15 digits in all (ITU-T E.164 §6; Twilio "Formatting International Phone Numbers").
+E164_PATTERN = re.compile(r"\+[1-9][0-9]{1,14}")
+
+#: URI schemes a ``<Dial><Sip>`` target may use (TwiML ``<Sip>`` noun; ``sips`` = SIP over TLS,
+#: RFC 3261 §19.1).
+SIP_URI_SCHEMES = frozenset({"sip", "sips"})
+
+#: ``sip:[userinfo@]host[:port][;params][?headers]`` (RFC 3261 §25.1), restricted to the characters
+#: that grammar allows unescaped, so nothing that could end the URI (spaces, quotes, ``<``/``>``)
+#: passes. The host is checked further in :func:`parse_transfer_destination`.
+_SIP_URI = re.compile(
+    r"(?P<scheme>[A-Za-z]+):"
+    r"(?:(?P<userinfo>[A-Za-z0-9\-_.!~*'()%&=+$,;?/:]+)@)?"
+    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)"
+    r"(?::(?P<port>[0-9]{1,5}))?"
+    r"(?P<params>;[A-Za-z0-9\-_.!~*'()%\[\]/:&+$=;]*)?"
+    r"(?P<headers>\?[A-Za-z0-9\-_.!~*'()%\[\]/?:+$=&]*)?"
+)
+
+#: One DNS label: letters, digits, inner hyphens (RFC 1123 §2.1).
+_DNS_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?")
+
+#: Highest TCP/UDP port number (RFC 793 / RFC 768: 16-bit port field).
+_MAX_PORT = 65535
 
 #: Characters outside the XML 1.0 ``Char`` production (W3C XML 1.0 §2.2).
 _INVALID_XML_CHARS = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -90,6 +119,83 @@ def say_hangup_twiml(message: str) -> str:
     say.text = _xml_text(message, "message")
     ET.SubElement(response, "Hangup")
     return _document(response)
+
+
+class TransferKind(StrEnum):
+    """Which ``<Dial>`` noun a transfer destination becomes."""
+
+    NUMBER = "number"  # <Number>: a PSTN number in E.164
+    SIP = "sip"  # <Sip>: a SIP or SIPS URI
+
+
+@dataclass(frozen=True, slots=True)
+class TransferDestination:
+    """A checked transfer target: safe to put in ``<Dial>`` as-is."""
+
+    kind: TransferKind
+    address: str
+
+
+def parse_transfer_destination(destination: str) -> TransferDestination:
+    """Check ``destination`` (an E.164 number or a ``sip:``/``sips:`` URI) for a transfer.
+
+    Raises ``ValueError`` saying what is wrong. Nothing is trimmed or reformatted:
+    a brain's ``"+1 (555) 123-4567"`` is refused rather than guessed at. The SIP
+    scheme is lower-cased (schemes are case-insensitive, RFC 3261 §19.1.4).
+    """
+    if E164_PATTERN.fullmatch(destination):
+        return TransferDestination(TransferKind.NUMBER, destination)
+    scheme, colon, _ = destination.partition(":")
+    if not colon or scheme.lower() not in SIP_URI_SCHEMES:
+        raise ValueError(
+            "transfer destination must be an E.164 number like +15551230000 "
+            "or a sip:/sips: URI like sip:agent@pbx.example.com"
+        )
+    match = _SIP_URI.fullmatch(destination)
+    if match is None:
+        raise ValueError("transfer destination is not a well-formed SIP URI")
+    if not _is_sip_host(match["host"]):
+        raise ValueError("transfer destination SIP URI has an invalid host")
+    port = match["port"]
+    if port is not None and not 0 < int(port) <= _MAX_PORT:
+        raise ValueError("transfer destination SIP URI has an invalid port")
+    return TransferDestination(TransferKind.SIP, scheme.lower() + destination[len(scheme) :])
+
+
+def is_valid_transfer_destination(destination: str) -> bool:
+    """Whether :func:`transfer_twiml` accepts ``destination``."""
+    try:
+        parse_transfer_destination(destination)
+    except ValueError:
+        return False
+    return True
+
+
+def transfer_twiml(destination: str) -> str:
+    """``<Dial>`` the caller to ``destination``: ``<Number>`` for E.164, ``<Sip>`` for a SIP URI.
+
+    Sent as ``Twiml=`` when redirecting a live call (PROVIDERS.md §1.6). When the
+    ``<Dial>`` ends, the TwiML ends and Twilio hangs up the caller. Raises
+    ``ValueError`` for anything else (see :func:`parse_transfer_destination`).
+    """
+    parsed = parse_transfer_destination(destination)
+    response = ET.Element("Response")
+    dial = ET.SubElement(response, "Dial")
+    noun = ET.SubElement(dial, "Number" if parsed.kind is TransferKind.NUMBER else "Sip")
+    noun.text = parsed.address
+    return _document(response)
+
+
+def _is_sip_host(host: str) -> bool:
+    """An IPv6 reference ``[…]``, an IPv4 address or a DNS name (RFC 3261 §25.1 ``host``)."""
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return False
+        return True
+    labels = host.removesuffix(".").split(".")
+    return all(_DNS_LABEL.fullmatch(label) for label in labels)
 
 
 def _split_url(url: str, what: str) -> SplitResult:
