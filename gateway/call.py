@@ -354,6 +354,7 @@ class Call:
             self.brain = event
             log.info("call %s: brain is %s %s", self.session_id, event.name, event.version)
         elif isinstance(event, BrainError):
+            self.trail.record("brain_error", {"code": event.code})
             log.warning(
                 "call %s: brain reports error %.64s: %.200s",
                 self.session_id,
@@ -377,7 +378,10 @@ class Call:
         if receipt.status is not ToolStatus.OK:
             return
         if receipt.tool == "hangup":
-            await self._edge.close("hangup tool")
+            if receipt.reason == "stream_closed":
+                await self._edge.close("hangup tool")
+            # After a REST hang-up the provider stops the stream itself; the route
+            # then sees the stop (or the next frame after the end) and closes.
             await self.end(SessionEndReason.HANGUP_TOOL)
         elif receipt.tool == "transfer":
             await self.end(SessionEndReason.TRANSFERRED)

@@ -63,8 +63,40 @@ def cmd_brain(args: argparse.Namespace) -> int:
             print(f"rutster brain echo: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.brain == "realtime":
+        from dataclasses import replace
+
+        from brains.realtime.config import RealtimeBrainConfig
+        from brains.realtime.server import run_realtime_brain
+        from gateway.config import ConfigError
+
+        env = dict(os.environ)
+        if args.bind is not None:
+            env["RUTSTER_BRAIN_BIND"] = args.bind
+        try:
+            config = RealtimeBrainConfig.from_env(env, mock=args.mock)
+        except ConfigError as exc:
+            print(f"rutster brain realtime: {exc}", file=sys.stderr)
+            return 2
+        if args.mock_url is not None:
+            if not args.mock:
+                print("rutster brain realtime: --mock-url needs --mock", file=sys.stderr)
+                return 2
+            config = replace(config, websocket_base_url=args.mock_url)
+        run_realtime_brain(config, mock_reply_ms=args.mock_reply_ms)
+        return 0
     print(f"unknown brain {args.brain!r}", file=sys.stderr)
     return 2
+
+
+def cmd_tap_conformance(args: argparse.Namespace) -> int:
+    """Play the core's side of the tap protocol against a brain and report per rule."""
+    from brains.conformance import main as conformance_main
+
+    argv = [args.url, "--timeout", str(args.timeout)]
+    if args.require_tool:
+        argv.append("--require-tool")
+    return conformance_main(argv)
 
 
 def _auth_token_from_env() -> str | None:
@@ -243,9 +275,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     brain = sub.add_parser("brain", help="run a brain process")
-    brain.add_argument("brain", choices=["echo"])
+    brain.add_argument("brain", choices=["echo", "realtime"])
     brain.add_argument(
-        "--bind", default=None, help="host:port (default: $RUTSTER_BRAIN_BIND or 127.0.0.1:8081)"
+        "--bind",
+        default=None,
+        help="host:port (default: $RUTSTER_BRAIN_BIND, else 127.0.0.1:8081 echo / :8082 realtime)",
+    )
+    brain.add_argument(
+        "--mock",
+        action="store_true",
+        help="realtime only: talk to a local MOCK OpenAI Realtime server (offline, no key)",
+    )
+    brain.add_argument(
+        "--mock-reply-ms",
+        type=int,
+        default=None,
+        help="realtime --mock only: length of each mock reply (default 2500 ms)",
+    )
+    brain.add_argument(
+        "--mock-url",
+        default=None,
+        help="realtime --mock only: use an already running mock server (ws://…/v1) "
+        "instead of starting one in this process",
     )
     brain.add_argument("--log-level", default="info")
     brain.set_defaults(func=cmd_brain)
@@ -264,6 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--brain", default=None, help="choose an allowlisted brain URL via the webhook's ?brain="
     )
     call.set_defaults(func=cmd_call)
+
+    conformance = sub.add_parser(
+        "tap-conformance", help="check a brain against the tap protocol (plays the core's side)"
+    )
+    conformance.add_argument("url", help="the brain's tap URL, e.g. ws://127.0.0.1:8082/realtime")
+    conformance.add_argument(
+        "--require-tool", action="store_true", help="fail if the brain proposes no tool call"
+    )
+    conformance.add_argument("--timeout", type=float, default=5.0, help="seconds per rule step")
+    conformance.set_defaults(func=cmd_tap_conformance)
 
     demo = sub.add_parser("demo", help="gateway + echo brain + one simulated call, offline")
     demo.add_argument("--wav", default=str(DEFAULT_CALLER_WAV))

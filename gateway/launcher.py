@@ -98,6 +98,26 @@ def echo_brain_process(port: int | None = None, *, quiet: bool = True) -> Iterat
 
 
 @contextmanager
+def realtime_brain_process(
+    mock_url: str | None = None, port: int | None = None, *, quiet: bool = True
+) -> Iterator[Service]:
+    """A realtime brain (``rutster brain realtime --mock``) in its own process.
+
+    With ``mock_url`` it uses that already running mock server (so a test can
+    inspect what the mock saw); otherwise it starts its own.
+    """
+    port = port or free_port()
+    args = ["brain", "realtime", "--mock", "--bind", f"{LOOPBACK}:{port}"]
+    if mock_url is not None:
+        args += ["--mock-url", mock_url]
+    service = spawn(args, port=port, quiet=quiet)
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+@contextmanager
 def gateway_process(
     env: Mapping[str, str], port: int | None = None, *, quiet: bool = True
 ) -> Iterator[Service]:

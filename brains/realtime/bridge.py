@@ -31,6 +31,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from brains.realtime.config import RealtimeBrainConfig
 from brains.realtime.translator import (
+    AUTH_ERROR_CODES,
     ERROR_AUTH_FAILED,
     ERROR_UPSTREAM_DISCONNECT,
     Actions,
@@ -71,6 +72,20 @@ class AuthFailureLatch:
         """Record an auth failure at ``now_s``."""
         self._tripped_at = now_s
         self.failures += 1
+
+
+def _closed_for_bad_key(exc: BaseException) -> bool:
+    """True if ``exc`` (or its cause) is OpenAI closing the socket over the key.
+
+    The service closes with code 3000 and reason ``invalid_request_error.<code>``
+    (e.g. ``invalid_request_error.invalid_api_key``).
+    """
+    for candidate in (exc, exc.__cause__, exc.__context__):
+        if isinstance(candidate, ConnectionClosed) and candidate.rcvd is not None:
+            reason = candidate.rcvd.reason
+            if any(code in reason for code in AUTH_ERROR_CODES):
+                return True
+    return False
 
 
 class RealtimeBridge:
@@ -210,6 +225,12 @@ class RealtimeBridge:
                     self.auth_failed = True
                     return None
         except (ConnectionClosed, OpenAIError, OSError) as exc:
+            if _closed_for_bad_key(exc):
+                # OpenAI accepts the upgrade, sends error{invalid_api_key} and closes
+                # with 3000; a send can hit the close before that event is read.
+                self._latch.trip(self._clock_s())
+                await self._auth_failed("OpenAI refused the API key (closed the session)")
+                return None
             return f"connection closed ({type(exc).__name__})"
         finally:
             self.upstream_ready.clear()

@@ -354,12 +354,12 @@ class TwilioSimulator:
                 if not hangup.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(hangup.wait(), tail_s)
-                result.hung_up_by_provider = hangup.is_set()
                 await ws.send(stop_message(stream_sid, seq, call_sid, self.account_sid))
                 await ws.close()
             except ConnectionClosed:
                 pass
             finally:
+                result.hung_up_by_provider = hangup.is_set()
                 await asyncio.wait_for(reader, timeout=5.0)
         result.heard_pcm = playback.heard()
         return result
