@@ -17,6 +17,14 @@ DEFAULT_CALLER_WAV = (
     Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "audio" / "caller_speech_8k.wav"
 )
 DEFAULT_DEMO_OUT = Path("out") / "demo_reply.wav"
+#: The conversation demo: turns of fluent speech from the fixture (9 s on is
+#: continuous talk), each followed by time for the mock's 2.5 s reply.
+DEMO_TURNS = 2
+DEMO_SPEECH_S = 3.0
+DEMO_SPEECH_FROM_S = 9.0
+DEMO_REPLY_WINDOW_S = 4.0
+#: Seconds of silence after the marker tone: time for the tool round trip.
+DEMO_HANGUP_WAIT_S = 5
 #: ``rutster serve``'s default port (matches config.DEFAULT_PUBLIC_URL).
 DEFAULT_SERVE_PORT = 8080
 #: Seconds the demo waits for the gateway's /metrics.
@@ -196,6 +204,8 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Gateway + echo brain + one simulated call, all local, on embedded defaults."""
+    if args.brain == "realtime-mock":
+        return cmd_demo_conversation(args)
     from gateway.launcher import LOOPBACK, echo_brain_process, free_port, gateway_process
 
     _setup_logging("warning")
@@ -237,6 +247,82 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     ok = float(str(report["correlation"])) >= 0.9
     print("demo " + ("OK: the caller heard their own speech back" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+def cmd_demo_conversation(args: argparse.Namespace) -> int:
+    """Gateway + realtime brain in mock mode: turns answered, then a hang-up by tool."""
+    from brains.marker_tone import marker_tone_pcm
+    from gateway.launcher import LOOPBACK, free_port, gateway_process, realtime_brain_process
+    from media.resample import StreamResampler
+    from trunk.twilio.simulator import (
+        TwilioSimulator,
+        conversation_script,
+        read_wav_8k,
+        reply_onsets_ms,
+    )
+
+    _setup_logging("warning")
+    wav = Path(args.wav)
+    if not wav.exists():
+        print(f"rutster demo: caller audio {wav} not found (use --wav)", file=sys.stderr)
+        return 2
+    tone = StreamResampler(24_000, 8_000)
+    tone_8k = tone.process(marker_tone_pcm()) + tone.flush()
+    script = conversation_script(
+        read_wav_8k(wav),
+        turns=DEMO_TURNS,
+        speech_s=DEMO_SPEECH_S,
+        reply_window_s=DEMO_REPLY_WINDOW_S,
+        speech_from_s=DEMO_SPEECH_FROM_S,
+        final_pcm=tone_8k + b"\x00\x00" * 8_000 * DEMO_HANGUP_WAIT_S,
+    )
+    token = secrets.token_urlsafe(24)
+    print(
+        "rutster demo: gateway + realtime brain against the MOCK OpenAI Realtime server "
+        "(offline, no key) + one simulated Twilio call"
+    )
+    with realtime_brain_process() as brain:
+        tap_url = f"ws://{LOOPBACK}:{brain.port}/realtime"
+        env = {
+            "RUTSTER_TAP_URL": tap_url,
+            "TWILIO_AUTH_TOKEN": token,
+            "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
+        }
+        with gateway_process(env, free_port()) as gateway:
+            url = f"http://{LOOPBACK}:{gateway.port}"
+            print(f"  gateway         {url} (uvicorn)")
+            print(f"  realtime brain  {tap_url} (its own process, MOCK upstream)")
+            print(
+                f"  caller          {DEMO_TURNS} turns of {DEMO_SPEECH_S:.0f} s of speech from "
+                f"{_display_path(wav)}, then the marker tone that makes the mock call hangup"
+            )
+            simulator = TwilioSimulator(url, auth_token=token)
+            result = asyncio.run(simulator.place_call(script.pcm, tail_s=0.5))
+            metrics = _fetch_metrics(url)
+    onsets = reply_onsets_ms(result.heard_pcm, script)
+    for n, onset in enumerate(onsets, 1):
+        heard = "no reply heard" if onset is None else f"reply heard {onset:.0f} ms after"
+        print(f"  turn {n}: caller stopped at {script.turn_ends_s[n - 1]:.1f} s, {heard}")
+    hung_up = result.close_reason == "hangup tool"
+    print(
+        f"  call ended by   {'the hangup tool' if hung_up else 'the caller'} "
+        f"(media socket closed: {result.close_code} {result.close_reason!r})"
+    )
+    print(
+        "gateway metrics: "
+        + ", ".join(
+            f"{name}={metrics.get(key, 0):.0f}"
+            for name, key in (
+                ("turn_events", "rutster_turn_events_total"),
+                ("tool_calls", "rutster_tool_calls_total"),
+                ("frames_out", "rutster_frames_out_total"),
+                ("underruns", "rutster_playout_underruns_total"),
+            )
+        )
+    )
+    ok = all(onset is not None for onset in onsets) and hung_up
+    print("demo " + ("OK: every turn was answered and the brain hung up" if ok else "FAILED"))
     return 0 if ok else 1
 
 
@@ -330,6 +416,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--wav", default=str(DEFAULT_CALLER_WAV))
     demo.add_argument("--out", default=str(DEFAULT_DEMO_OUT))
     demo.add_argument("--seconds", type=float, default=0.0, help="only the first N s (0 = all)")
+    demo.add_argument(
+        "--brain",
+        choices=["echo", "realtime-mock"],
+        default="echo",
+        help="echo (default) or the realtime brain against the MOCK Realtime server",
+    )
     demo.set_defaults(func=cmd_demo)
     return parser
 

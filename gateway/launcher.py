@@ -99,7 +99,11 @@ def echo_brain_process(port: int | None = None, *, quiet: bool = True) -> Iterat
 
 @contextmanager
 def realtime_brain_process(
-    mock_url: str | None = None, port: int | None = None, *, quiet: bool = True
+    mock_url: str | None = None,
+    port: int | None = None,
+    *,
+    mock_reply_ms: int | None = None,
+    quiet: bool = True,
 ) -> Iterator[Service]:
     """A realtime brain (``rutster brain realtime --mock``) in its own process.
 
@@ -108,6 +112,8 @@ def realtime_brain_process(
     """
     port = port or free_port()
     args = ["brain", "realtime", "--mock", "--bind", f"{LOOPBACK}:{port}"]
+    if mock_reply_ms is not None:
+        args += ["--mock-reply-ms", str(mock_reply_ms)]
     if mock_url is not None:
         args += ["--mock-url", mock_url]
     service = spawn(args, port=port, quiet=quiet)

@@ -147,6 +147,9 @@ async def run_tool_call(
                 rest_hangup.set()
                 end_call.set()
 
+            async def on_redirect(twiml: str) -> None:
+                end_call.set()  # Twilio leaves <Connect><Stream> for the new TwiML
+
             async def watch_receipts() -> None:
                 while receipts_wanted is not None:
                     calls = list(gw.state.calls.values())
@@ -156,7 +159,7 @@ async def run_tool_call(
                         return
                     await asyncio.sleep(0.02)
 
-            fake.register_call(call_sid, on_completed=on_completed)
+            fake.register_call(call_sid, on_completed=on_completed, on_redirect=on_redirect)
             watcher = asyncio.create_task(watch_receipts())
             sim = TwilioSimulator(gw.url, auth_token=TEST_AUTH_TOKEN)
             try:
@@ -250,3 +253,23 @@ async def test_registry_statuses_through_a_live_call(
     session = only_session(mock)
     answered = [json.loads(o["output"])["status"] for o in session.function_call_outputs]
     assert answered[-1] == status
+
+
+async def test_transfer_to_an_allowlisted_number_redirects_the_call(speech_pcm: bytes) -> None:
+    caller = pcm8k_slice(speech_pcm, SPEECH_FROM_S, 1.5) + silence_8k(8.0)
+    async with MockRealtimeServer() as mock:
+        mock.script_tool_call("transfer", {"destination": "+15550001111"})
+        result, gw, fake, rest_hangup = await run_tool_call(
+            mock,
+            caller=caller,
+            transfer_allowlist=TransferAllowlist.parse("+15550001111"),
+        )
+        await eventually(lambda: any(s.closed for s in mock.sessions))
+    assert result.hung_up_by_provider and not rest_hangup
+    (redirect,) = [r for r in fake.requests if "Twiml" in r.form]
+    assert "<Dial><Number>+15550001111</Number></Dial>" in redirect.form["Twiml"]
+    (trail,) = gw.state.recent_trails.values()
+    (receipt,) = trail.of_type("tool_call")
+    assert (receipt.payload["tool"], receipt.payload["status"]) == ("transfer", "ok")
+    assert trail.of_type("call_ended")[0].payload["reason"] == "transferred"
+    assert "+15550001111" not in json.dumps([e.payload for e in trail.events])

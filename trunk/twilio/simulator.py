@@ -451,3 +451,77 @@ def best_lag_correlation(
     if x.std() == 0 or y.std() == 0:
         return 0.0, lag
     return float(np.corrcoef(x, y)[0, 1]), lag
+
+
+#: Level above which a 20 ms frame of what the caller heard counts as reply audio:
+#: about -45 dBFS, well above μ-law idle noise and far below any voice. Seed decision.
+REPLY_RMS_THRESHOLD = 180.0
+
+
+@dataclass(frozen=True)
+class ConversationScript:
+    """Caller audio for a turn-taking call: speech, then room for the brain's reply.
+
+    ``turn_ends_s`` are the caller-timeline instants each turn's speech ends;
+    ``pcm`` is the whole caller side (PCM16 8 kHz), silence included, since a
+    real phone keeps sending frames while the caller listens.
+    """
+
+    pcm: bytes
+    turn_ends_s: tuple[float, ...]
+    reply_window_s: float
+
+
+def conversation_script(
+    speech_8k: bytes,
+    *,
+    turns: int,
+    speech_s: float,
+    reply_window_s: float,
+    speech_from_s: float = 0.0,
+    final_pcm: bytes = b"",
+) -> ConversationScript:
+    """Caller audio: ``turns`` x (speech, then a silent reply window), then ``final_pcm``.
+
+    Consecutive turns take consecutive slices of ``speech_8k`` from ``speech_from_s``
+    (wrapping round), so no two turns say the same thing.
+    """
+    rate = SIM_SAMPLE_RATE
+    chunk = int(speech_s * rate) * 2
+    start = int(speech_from_s * rate) * 2
+    parts: list[bytes] = []
+    ends: list[float] = []
+    t = 0.0
+    for n in range(turns):
+        a = (start + n * chunk) % max(1, len(speech_8k) - chunk)
+        parts.append(speech_8k[a : a + chunk])
+        t += speech_s
+        ends.append(t)
+        parts.append(b"\x00\x00" * int(reply_window_s * rate))
+        t += reply_window_s
+    parts.append(final_pcm)
+    return ConversationScript(b"".join(parts), tuple(ends), reply_window_s)
+
+
+def reply_onsets_ms(
+    heard_pcm: bytes, script: ConversationScript, threshold: float = REPLY_RMS_THRESHOLD
+) -> list[float | None]:
+    """For each turn, ms from the end of the caller's speech to the first reply audio heard.
+
+    ``None`` for a turn with no reply inside its window. ``heard_pcm`` is
+    :attr:`SimulatedCallResult.heard_pcm` (the caller's timeline).
+    """
+    frame = SIM_FRAME_BYTES * 2  # 20 ms of PCM16
+    samples = np.frombuffer(heard_pcm[: len(heard_pcm) - len(heard_pcm) % 2], dtype="<i2")
+    onsets: list[float | None] = []
+    for end_s in script.turn_ends_s:
+        first = int(end_s * SIM_SAMPLE_RATE) * 2 // frame
+        last = int((end_s + script.reply_window_s) * SIM_SAMPLE_RATE) * 2 // frame
+        found: float | None = None
+        for index in range(first, last):
+            window = samples[index * frame // 2 : (index + 1) * frame // 2].astype(np.float64)
+            if window.size and float(np.sqrt(np.mean(window**2))) > threshold:
+                found = index * SIM_FRAME_MS - end_s * 1000.0
+                break
+        onsets.append(found)
+    return onsets
