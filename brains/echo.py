@@ -19,18 +19,14 @@ import logging
 import os
 import signal
 import time
-from http import HTTPStatus
 from importlib.metadata import PackageNotFoundError, version
 from types import TracebackType
-from urllib.parse import urlsplit
 
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
 
-from brains.bind import BRAIN_BIND_ENV, parse_bind, ws_url
+from brains.bind import BRAIN_BIND_ENV, parse_bind
 from brains.tap import (
-    MAX_MESSAGE_BYTES,
     AudioIn,
     AudioOut,
     BrainHello,
@@ -44,6 +40,7 @@ from brains.tap import (
     UnknownTapEvent,
     wire_type,
 )
+from brains.tap_server import TapListener
 
 #: The path the echo brain serves; every other path gets 404.
 ECHO_PATH = "/echo"
@@ -103,12 +100,6 @@ class _WarningThrottle:
         return False, closed_suppressed
 
 
-def _reject_other_paths(connection: ServerConnection, request: Request) -> Response | None:
-    if urlsplit(request.path).path != ECHO_PATH:
-        return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
-    return None
-
-
 class EchoBrain:
     """The echo brain's WebSocket server, startable in-process.
 
@@ -122,42 +113,22 @@ class EchoBrain:
         self.frames_echoed = 0
         self.unknown_events = 0
         self.bad_messages = 0
-        self._server: Server | None = None
-        self._host = ""
-        self._port = 0
+        self._listener = TapListener(ECHO_PATH, self._serve_connection, label="echo brain")
         self._version = _package_version()
         self._throttle = _WarningThrottle(WARNING_BURST, WARNING_WINDOW_S)
 
     async def start(self, host: str = DEFAULT_ECHO_HOST, port: int = 0) -> None:
         """Listen on ``host:port`` (port 0: the OS picks one; see :attr:`url`)."""
-        if self._server is not None:
-            raise RuntimeError("echo brain already started")
-        self._server = await serve(
-            self._serve_connection,
-            host,
-            port,
-            max_size=MAX_MESSAGE_BYTES,
-            # base64 PCM gains little from permessage-deflate and costs CPU
-            # on the hot path; the peers are on a LAN or the same host.
-            compression=None,
-            process_request=_reject_other_paths,
-        )
-        self._host = host
-        self._port = int(next(iter(self._server.sockets)).getsockname()[1])
+        await self._listener.start(host, port)
 
     @property
     def url(self) -> str:
         """The URL the core dials, e.g. ``ws://127.0.0.1:8081/echo``."""
-        if self._server is None:
-            raise RuntimeError("echo brain not started")
-        return ws_url(self._host, self._port, ECHO_PATH)
+        return self._listener.url
 
     async def stop(self) -> None:
         """Close every connection and stop listening (idempotent)."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-            await server.wait_closed()
+        await self._listener.stop()
 
     async def __aenter__(self) -> EchoBrain:
         await self.start()

@@ -218,12 +218,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("rutster demo: gateway + echo brain + one simulated Twilio call (offline, no accounts)")
     with echo_brain_process() as brain:
         tap_url = f"ws://{LOOPBACK}:{brain.port}/echo"
-        env = {
-            "RUTSTER_TAP_URL": tap_url,
-            "TWILIO_AUTH_TOKEN": token,
-            "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
-        }
-        with gateway_process(env, free_port()) as gateway:
+        with gateway_process(_demo_gateway_env(tap_url, token), free_port()) as gateway:
             url = f"http://{LOOPBACK}:{gateway.port}"
             print(f"  gateway     {url} (uvicorn; Twilio signatures enforced, demo token)")
             print(f"  echo brain  {tap_url} (its own process)")
@@ -284,12 +279,7 @@ def cmd_demo_conversation(args: argparse.Namespace) -> int:
     )
     with realtime_brain_process() as brain:
         tap_url = f"ws://{LOOPBACK}:{brain.port}/realtime"
-        env = {
-            "RUTSTER_TAP_URL": tap_url,
-            "TWILIO_AUTH_TOKEN": token,
-            "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
-        }
-        with gateway_process(env, free_port()) as gateway:
+        with gateway_process(_demo_gateway_env(tap_url, token), free_port()) as gateway:
             url = f"http://{LOOPBACK}:{gateway.port}"
             print(f"  gateway         {url} (uvicorn)")
             print(f"  realtime brain  {tap_url} (its own process, MOCK upstream)")
@@ -324,6 +314,15 @@ def cmd_demo_conversation(args: argparse.Namespace) -> int:
     ok = all(onset is not None for onset in onsets) and hung_up
     print("demo " + ("OK: every turn was answered and the brain hung up" if ok else "FAILED"))
     return 0 if ok else 1
+
+
+def _demo_gateway_env(tap_url: str, token: str) -> dict[str, str]:
+    """A demo gateway's environment: secure mode with throwaway secrets, one brain."""
+    return {
+        "RUTSTER_TAP_URL": tap_url,
+        "TWILIO_AUTH_TOKEN": token,
+        "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
+    }
 
 
 def _display_path(path: Path) -> str:

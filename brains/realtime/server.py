@@ -18,23 +18,18 @@ import logging
 import signal
 import time
 from dataclasses import replace
-from http import HTTPStatus
 from types import TracebackType
 from typing import cast
-from urllib.parse import urlsplit
 
 from openai import AsyncOpenAI
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
 
-from brains.bind import ws_url
 from brains.echo import LOG_FORMAT, _package_version
 from brains.realtime.bridge import RESUME_GRACE_S, AuthFailureLatch, RealtimeBridge
 from brains.realtime.config import REALTIME_PATH, RealtimeBrainConfig
 from brains.realtime.log_redaction import install_redaction
 from brains.tap import (
-    MAX_MESSAGE_BYTES,
     BrainEvent,
     BrainHello,
     Bye,
@@ -49,6 +44,7 @@ from brains.tap import (
     UnknownTapEvent,
     wire_type,
 )
+from brains.tap_server import TapListener
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +101,6 @@ class _Session:
         self.expiry: asyncio.TimerHandle | None = None
 
 
-def _reject_other_paths(connection: ServerConnection, request: Request) -> Response | None:
-    if urlsplit(request.path).path != REALTIME_PATH:
-        return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
-    return None
-
-
 class RealtimeBrain:
     """The realtime brain's WebSocket server, startable in-process.
 
@@ -132,40 +122,25 @@ class RealtimeBrain:
         self.unknown_events = 0
         self.bad_messages = 0
         self.rejected_busy = 0
-        self._server: Server | None = None
-        self._host = ""
-        self._port = 0
+        self._listener = TapListener(REALTIME_PATH, self._serve_connection, label="realtime brain")
         self._version = _package_version()
         self._name = MOCK_BRAIN_NAME if config.mock else REALTIME_BRAIN_NAME
 
     async def start(self, host: str | None = None, port: int | None = None) -> None:
         """Listen (default: the configured address; port 0 lets the OS pick)."""
-        if self._server is not None:
-            raise RuntimeError("realtime brain already started")
-        self._host = self.config.host if host is None else host
-        self._server = await serve(
-            self._serve_connection,
-            self._host,
+        await self._listener.start(
+            self.config.host if host is None else host,
             self.config.port if port is None else port,
-            max_size=MAX_MESSAGE_BYTES,
-            compression=None,  # base64 PCM gains little from deflate (see brains/echo.py)
-            process_request=_reject_other_paths,
         )
-        self._port = int(next(iter(self._server.sockets)).getsockname()[1])
 
     @property
     def url(self) -> str:
         """The URL the core dials, e.g. ``ws://127.0.0.1:8082/realtime``."""
-        if self._server is None:
-            raise RuntimeError("realtime brain not started")
-        return ws_url(self._host, self._port, REALTIME_PATH)
+        return self._listener.url
 
     async def stop(self) -> None:
         """Close every session and stop listening (idempotent)."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-            await server.wait_closed()
+        await self._listener.stop()
         for session_id in list(self.sessions):
             await self._end_session(session_id)
         await self.client.close()
