@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError
 from jsonschema.exceptions import best_match as best_validation_error
 
@@ -102,11 +102,24 @@ class ToolReceipt:
 ToolImplementation = Callable[[dict[str, Any]], Awaitable[ToolOutcome]]
 
 
+def _skip_pattern(*_: object) -> None:
+    """Brain schemas' ``pattern`` keywords are not evaluated (see :data:`BrainSchemaValidator`)."""
+
+
+#: Validates arguments against a *brain's* schema. A brain is outside the trust
+#: boundary and Python's ``re`` backtracks: a hostile ``pattern`` could stall the
+#: event loop for every call. So ``pattern`` is skipped here; the gateway's own
+#: schema, checked first, bounds every argument (known keys, string lengths).
+BrainSchemaValidator = validators.extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator, {"pattern": _skip_pattern}
+)
+
+
 def _error(reason: str, message: str) -> ToolOutcome:
     return ToolOutcome(ToolStatus.ERROR, {"error": message[:MAX_ERROR_CHARS]}, reason)
 
 
-def _validation_message(validator: Draft202012Validator, args: Mapping[str, Any]) -> str | None:
+def _validation_message(validator: Any, args: Mapping[str, Any]) -> str | None:
     error = best_validation_error(validator.iter_errors(args))
     if error is None:
         return None
@@ -140,7 +153,7 @@ class ToolRegistry:
         }
         self.limits = limits
         self._clock_ms = clock_ms
-        self._catalog: dict[str, Draft202012Validator] = {}
+        self._catalog: dict[str, Any] = {}
         self._answered: OrderedDict[str, None] = OrderedDict()
         self.calls_this_turn = 0
         self.calls_total = 0
@@ -153,7 +166,7 @@ class ToolRegistry:
 
     def update_catalog(self, update: ToolsUpdate) -> list[str]:
         """Replace the catalog; return the names dropped for an invalid JSON Schema."""
-        catalog: dict[str, Draft202012Validator] = {}
+        catalog: dict[str, Any] = {}
         invalid: list[str] = []
         for tool in update.tools:
             try:
@@ -161,7 +174,7 @@ class ToolRegistry:
             except SchemaError:
                 invalid.append(tool.name)
                 continue
-            catalog[tool.name] = Draft202012Validator(tool.parameters)
+            catalog[tool.name] = BrainSchemaValidator(tool.parameters)
         self._catalog = catalog
         return invalid
 
@@ -203,7 +216,7 @@ class ToolRegistry:
                 {"error": f"tool {name!r} is not implemented by this gateway"},
                 "no_implementation",
             )
-        for validator in (self._catalog[name], self._own.get(name)):
+        for validator in (self._own.get(name), self._catalog[name]):
             if validator is None:
                 continue
             message = _validation_message(validator, call.args)

@@ -182,3 +182,16 @@ def test_destination_normalisation() -> None:
     assert normalize_destination("SIPS:a@B.C;transport=tls") == "sips:a@b.c;transport=tls"
     with pytest.raises(ValueError):
         normalize_destination("+0123")
+
+
+async def test_brain_schema_patterns_are_not_evaluated() -> None:
+    # A catastrophic-backtracking pattern would stall the loop if evaluated.
+    evil = ToolSpec(
+        "hangup",
+        "d",
+        {"type": "object", "properties": {"reason": {"type": "string", "pattern": "^(a+)+$"}}},
+    )
+    reg = registry()
+    reg.update_catalog(ToolsUpdate((evil,)))
+    out, _ = await reg.dispose(FunctionCall("c1", "hangup", {"reason": "a" * 60 + "!"}))
+    assert out.status is ToolStatus.OK

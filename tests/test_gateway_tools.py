@@ -1,0 +1,117 @@
+"""Tool calls through a live call, from a brain that abuses them (flood, repeats, bad schemas)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from brains.tap import (
+    Direction,
+    FunctionCall,
+    FunctionCallOutput,
+    Hello,
+    SessionEnd,
+    TapDecoder,
+    TapEncoder,
+    ToolSpec,
+    ToolsUpdate,
+)
+from brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
+from tests.conftest import RunningGateway, eventually, gateway_config, serve_gateway
+from tests.test_gateway_calls import start_stream
+
+
+class ScriptedToolBrain:
+    """Answers ``hello`` with a catalog, then sends whatever ``script`` returns."""
+
+    def __init__(self, catalog: tuple[ToolSpec, ...], script: Callable[[], list[Any]]) -> None:
+        self.catalog = catalog
+        self.script = script
+        self.events: list[object] = []
+        self.url = ""
+        self._server: Server | None = None
+
+    async def __aenter__(self) -> ScriptedToolBrain:
+        self._server = await serve(self._handle, "127.0.0.1", 0, compression=None)
+        port = next(iter(self._server.sockets)).getsockname()[1]
+        self.url = f"ws://127.0.0.1:{port}/tools"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        decoder = TapDecoder(Direction.CORE_TO_BRAIN)
+        encoder = TapEncoder(start_ms=0.0)
+        with contextlib.suppress(ConnectionClosed):
+            async for message in ws:
+                event = decoder.decode(message)
+                self.events.append(event)
+                if isinstance(event, Hello):
+                    await ws.send(encoder.encode(ToolsUpdate(self.catalog), 0.0))
+                    for proposal in self.script():
+                        await ws.send(encoder.encode(proposal, 0.0))
+
+    def outputs(self) -> list[FunctionCallOutput]:
+        return [e for e in self.events if isinstance(e, FunctionCallOutput)]
+
+
+async def run(brain: ScriptedToolBrain, wanted: int) -> RunningGateway:
+    async with serve_gateway(gateway_config(brain.url)) as gw:
+        ws, _, _ = await start_stream(gw)
+        await eventually(lambda: len(brain.outputs()) >= wanted, 10)
+        await eventually(lambda: len(gw.state.calls) == 1)
+        assert not next(iter(gw.state.calls.values())).ended.is_set()
+        await ws.close()
+        await eventually(lambda: not gw.state.calls)
+        return gw
+
+
+async def test_a_flood_of_proposals_gets_one_answer_each_within_budgets() -> None:
+    flood = [
+        FunctionCall(f"call_{n}", "transfer", {"destination": "+19005550000"}) for n in range(60)
+    ]
+    async with ScriptedToolBrain((TRANSFER_TOOL,), lambda: flood) as brain:
+        gw = await run(brain, 60)
+    outputs = brain.outputs()
+    assert sorted(o.id for o in outputs) == sorted(f.id for f in flood)
+    (trail,) = gw.state.recent_trails.values()
+    reasons = [e.payload["reason"] for e in trail.of_type("tool_call")]
+    # No turn has ended: 3 fit the per-turn budget (refused by policy), the rest are over it.
+    assert reasons.count("destination_not_allowed") == 3
+    assert reasons.count("turn_budget") == 57
+    assert not any(isinstance(e, SessionEnd) for e in brain.events[:-1])
+
+
+async def test_repeated_call_ids_are_answered_once() -> None:
+    repeats = [FunctionCall("same", "launch", {}) for _ in range(20)]
+    async with ScriptedToolBrain((HANGUP_TOOL,), lambda: repeats) as brain:
+        gw = await run(brain, 1)
+        dropped = gw.metric(
+            "rutster_bad_messages_total", source="brain", reason="duplicate_call_id"
+        )
+    assert len(brain.outputs()) == 1
+    assert brain.outputs()[0].status == "not_implemented"
+    assert dropped == 19
+
+
+async def test_a_tool_with_an_invalid_schema_is_not_callable() -> None:
+    # The codec checks only that parameters are an object schema; the registry
+    # checks the rest with jsonschema.
+    broken = ToolSpec(
+        "hangup", "d", {"type": "object", "properties": {"x": {"type": "not-a-type"}}}
+    )
+    proposal = [FunctionCall("c1", "hangup", {})]
+    async with ScriptedToolBrain((broken,), lambda: proposal) as brain:
+        gw = await run(brain, 1)
+        invalid = gw.metric(
+            "rutster_bad_messages_total", source="brain", reason="invalid_tool_schema"
+        )
+    assert brain.outputs()[0].status == "not_implemented"
+    assert invalid == 1
