@@ -21,8 +21,16 @@ from brains.tap import (
     ToolsUpdate,
 )
 from brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
-from tests.conftest import RunningGateway, eventually, gateway_config, serve_gateway
+from tests.conftest import (
+    TEST_AUTH_TOKEN,
+    RunningGateway,
+    eventually,
+    gateway_config,
+    serve_gateway,
+)
 from tests.test_gateway_calls import start_stream
+from trunk.twilio.fake_rest import FakeTwilioRest
+from trunk.twilio.simulator import new_sid
 
 
 class ScriptedToolBrain:
@@ -115,3 +123,28 @@ async def test_a_tool_with_an_invalid_schema_is_not_callable() -> None:
         )
     assert brain.outputs()[0].status == "not_implemented"
     assert invalid == 1
+
+
+async def test_a_second_hangup_while_the_first_runs_gets_an_error_once() -> None:
+    account = "AC" + "2" * 32
+    proposals = [FunctionCall("h1", "hangup", {}), FunctionCall("h2", "hangup", {})]
+    fake = FakeTwilioRest(account_sid=account, auth_token=TEST_AUTH_TOKEN, delay_s=0.3)
+    async with fake, ScriptedToolBrain((HANGUP_TOOL,), lambda: proposals) as brain:
+        config = gateway_config(
+            brain.url, twilio_account_sid=account, twilio_api_base_url=fake.base_url
+        )
+        async with serve_gateway(config) as gw:
+            call_sid = new_sid("CA")
+            fake.register_call(call_sid)
+            ws, _, _ = await start_stream(gw, call_sid=call_sid)
+            await eventually(lambda: len(brain.outputs()) == 2, 10)
+            await eventually(lambda: any(isinstance(e, SessionEnd) for e in brain.events))
+            await ws.close()
+            await eventually(lambda: not gw.state.calls)
+    by_id = {o.id: o for o in brain.outputs()}
+    assert by_id["h1"].status == "ok"
+    assert by_id["h2"].status == "error"
+    assert by_id["h2"].result == {"error": "the call is already ending"}
+    (end,) = [e for e in brain.events if isinstance(e, SessionEnd)]
+    assert end.reason == "hangup_tool"
+    assert [r.form.get("Status") for r in fake.requests] == ["completed"]

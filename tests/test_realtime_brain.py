@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from brains.conformance import RuleStatus, run_conformance
-from brains.marker_tone import marker_tone_pcm  # noqa: F401  (the kit's trigger, documented)
 from brains.realtime.bridge import AuthFailureLatch
 from brains.realtime.config import DEFAULT_MODEL, MOCK_API_KEY, RealtimeBrainConfig
 from brains.realtime.mock_server import MockRealtimeServer
@@ -19,6 +18,7 @@ from brains.realtime.server import RealtimeBrain
 from brains.realtime.translator import ERROR_AUTH_FAILED, ERROR_UPSTREAM_DISCONNECT
 from brains.tool_catalog import HANGUP_TOOL
 from gateway.config import ConfigError
+from gateway.launcher import LOOPBACK, realtime_brain_process
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
 from tests.test_realtime_e2e import SPEECH_FROM_S, pcm8k_slice, silence_8k
 from trunk.twilio.simulator import TwilioSimulator
@@ -173,3 +173,11 @@ def test_process_without_a_key_exits_at_startup_with_a_clear_message() -> None:
     )
     assert proc.returncode == 2
     assert "no OpenAI API key" in proc.stderr and "--mock" in proc.stderr
+
+
+def test_mock_mode_process_starts_its_own_mock_and_conforms() -> None:
+    """``rutster brain realtime --mock`` alone: no key, no network, its own mock server."""
+    with realtime_brain_process(mock_reply_ms=2_000) as brain:
+        url = f"ws://{LOOPBACK}:{brain.port}/realtime"
+        report = asyncio.run(run_conformance(url, require_tool=True))
+    assert report.passed, [r for r in report.rules if r.status is RuleStatus.FAIL]
