@@ -3,9 +3,10 @@
 One ``Call`` exists per live media stream. It is provider-neutral: a trunk
 adapter feeds it :mod:`trunk.events` and gives it a ``CallEdge`` to send
 commands back. The sans-I/O parts (transforms, ``PlayoutBuffer``, ``Pacer``)
-do the work; this module is the asyncio glue. It owns exactly two tasks (the
-brain connection and the pacer) plus an optional grace watchdog, and ``end()``
-leaves none behind.
+do the work; this module is the asyncio glue. It owns two tasks (the brain
+connection and the pacer), an optional grace watchdog, and one short task per
+tool call in flight; ``end()`` leaves none behind. The endpointer decides the
+caller's turns and the tool registry answers the brain's proposals.
 """
 
 from __future__ import annotations
