@@ -151,6 +151,7 @@ async def bench(levels: list[int], seconds: float) -> None:
         psutil.Process(brain.proc.pid).cpu_affinity(list(other))
         env = {
             "RUTSTER_TAP_URL": f"ws://{LOOPBACK}:{brain.port}/echo",
+            "RUTSTER_BARGE_IN": "off",  # the echo brain talks over the caller by design
             "TWILIO_AUTH_TOKEN": token,
             "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
         }

@@ -17,6 +17,7 @@ from starlette.routing import Route, WebSocketRoute
 from brains.tap import SessionEndReason
 from gateway.config import GatewayConfig
 from gateway.state import GatewayState
+from media.vad import preload
 from trunk.twilio.call_control import TwilioCallControl
 from trunk.twilio.routes import twilio_stream, twilio_voice
 
@@ -66,6 +67,8 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
         # cyclic GC's reach. Measured: without this a full (gen2) collection paused
         # the event loop ~20 ms with 75 calls up, late enough to starve playout.
         config = state.config
+        # Load the VAD model now, not inside the first call (~50 ms + the import).
+        await asyncio.to_thread(preload, config.vad)
         control = None
         if config.twilio_account_sid is not None and config.twilio_auth_token is not None:
             control = TwilioCallControl(

@@ -43,15 +43,17 @@ from brains.tap import (
 from brains.tool_catalog import TOOL_CATALOG
 from gateway.call_trail import CallTrail
 from gateway.config import GatewayConfig
+from gateway.event_bus import EventBus
 from gateway.metrics import GatewayMetrics
+from gateway.reflex import ClearProvider, ReflexAction, ReflexLoop, WakePacer
 from gateway.tap_client import TapClient
 from gateway.tool_registry import ToolOutcome, ToolRegistry
-from media.endpointing import EndpointerConfig, EnergyEndpointer, TurnEnded
-from media.endpointing import SpeechStarted as EndpointerSpeechStarted
+from media.echo_gate import EchoGate, EchoGateConfig
 from media.formats import samples_to_ms
 from media.pacer import Pacer, PacerState
 from media.playout import PlayoutBuffer
 from media.transform import InboundTransform, OutboundTransform
+from media.vad import SPEECH_THRESHOLD, make_detector
 from trunk.call_control import CallControlFailure, ProviderCallControl
 from trunk.events import (
     AudioReceived,
@@ -145,12 +147,20 @@ class Call:
         self.end_reason: SessionEndReason | None = None
         self.started_ms = clock_ms()
         self.tools: ToolsUpdate | None = None
-        self.trail = CallTrail(self.session_id, clock_ms=clock_ms)
-        self.endpointer = EnergyEndpointer(
-            EndpointerConfig(
-                min_speech_ms=config.min_speech_ms, trailing_silence_ms=config.turn_silence_ms
-            )
+        self.bus = EventBus(self.session_id, clock_ms=clock_ms)
+        self.trail = CallTrail(self.session_id)
+        self.bus.subscribe(self.trail.on_event)
+        self.bus.subscribe(metrics.on_call_event)
+        self.reflex = ReflexLoop(
+            playout=self.playout,
+            pacer=self.pacer,
+            detector=make_detector(config.vad),
+            echo=EchoGate(EchoGateConfig(canceller=config.echo_canceller)),
+            publish=self.bus.publish,
+            speech_threshold=SPEECH_THRESHOLD,
+            config=config.reflex,
         )
+        self._brain_up = False
         self.tool_registry = ToolRegistry(
             {"hangup": self._tool_hangup, "transfer": self._tool_transfer},
             own_schemas={name: TOOL_CATALOG[name].parameters for name in ("hangup", "transfer")},
@@ -159,7 +169,6 @@ class Call:
         )
         self._tool_tasks: set[asyncio.Task[None]] = set()
         self._hanging_up = False
-        self.turns = 0
         self.brain: BrainHello | None = None
         # Counters for the end-of-call log line and tests (Prometheus has the totals).
         self.frames_in = 0
@@ -187,7 +196,8 @@ class Call:
         if self._config.brain_grace_ms > 0:
             self._tasks.append(asyncio.create_task(self._watch_grace(), name=f"{label}:grace"))
         self._metrics.call_tasks.inc(len(self._tasks))
-        self.trail.record(
+        self.bus.publish(
+            "call",
             "call_started",
             {"provider": self.context.provider, "direction": self.context.direction.value},
         )
@@ -210,7 +220,9 @@ class Call:
             return
         self._ending = True
         self.end_reason = reason
-        self.trail.record("call_ended", {"reason": reason.value, "turns": self.turns})
+        self.bus.publish(
+            "call", "call_ended", {"reason": reason.value, "turns": self.reflex.counters.turns}
+        )
         try:
             await self.tap.close(reason)
         finally:
@@ -266,8 +278,11 @@ class Call:
             await self._on_audio(event.payload)
         elif isinstance(event, DtmfReceived):
             await self.tap.send(Dtmf(event.digit), kind="dtmf")
+            await self._act(self.reflex.on_dtmf(self._clock_ms()))
         elif isinstance(event, MarkPlayed):
             self.last_mark_played = event.name
+            if event.name.isdigit():  # our marks are named by the frame count sent
+                self.reflex.on_mark(int(event.name) - 1, self._clock_ms())
         elif isinstance(event, StreamStopped):
             await self.end(SessionEndReason.CALLER_HANGUP)
         elif isinstance(event, StreamConnected | StreamStarted):
@@ -283,11 +298,19 @@ class Call:
         tap = self.tap
         sent = 0
         now = self._clock_ms()
+        if tap.connected != self._brain_up:
+            self._brain_up = tap.connected
+            if tap.connected:
+                self.reflex.on_brain_up()
+            else:
+                self.reflex.on_brain_down()
+        reflex = self.reflex
         for frame in frames:
             if await tap.send_audio_in(frame):
                 sent += 1
-            for turn_event in self.endpointer.process(frame, now):
-                await self._on_turn_event(turn_event)
+            actions = reflex.on_caller_frame(frame, now)
+            if actions:
+                await self._act(actions)
         if frames:
             self.frames_in += len(frames)
             self.frames_to_brain += sent
@@ -295,23 +318,30 @@ class Call:
             if sent:
                 self._metrics.frames_to_brain.inc(sent)
 
-    async def _on_turn_event(self, event: EndpointerSpeechStarted | TurnEnded) -> None:
-        # Barge-in (cutting assistant audio when the caller talks over it) is the
-        # reflex loop's job; until it lands every start is reported uninterrupted.
-        if isinstance(event, EndpointerSpeechStarted):
-            self._metrics.turn_events.labels("speech_started").inc()
-            await self.tap.send(SpeechStarted(interrupted=False), kind="speech_started")
-            return
-        self.turns += 1
-        self.tool_registry.turn_ended()
-        self._metrics.turn_events.labels("turn_ended").inc()
-        self.trail.record("turn_ended", {"speech_ms": round(event.speech_ms)})
-        await self.tap.send(SpeechStopped(), kind="speech_stopped")
+    async def _act(self, actions: list[ReflexAction]) -> None:
+        """Carry out what the reflex loop decided, in order."""
+        for action in actions:
+            if isinstance(action, ClearProvider):
+                self._outbound.reset()  # drop the resampler's held tail of the cut audio
+                self._clear_pending = True
+                self._wake()
+            elif isinstance(action, WakePacer):
+                self._wake()
+            elif isinstance(action, SpeechStarted):
+                await self.tap.send(action, kind="speech_started")
+            elif isinstance(action, SpeechStopped):
+                self.tool_registry.turn_ended()
+                await self.tap.send(action, kind="speech_stopped")
 
     # ---- brain -> core ------------------------------------------------------
 
     async def _on_brain_event(self, event: BrainEvent) -> None:
         if isinstance(event, AudioOut):
+            accepted, actions = self.reflex.accept_assistant_audio(event.item, self._clock_ms())
+            if actions:
+                await self._act(actions)
+            if not accepted:
+                return
             dropped = self.playout.push(event.pcm, event.item)
             if dropped:
                 if self.playout.overflow_events == 1:
@@ -327,7 +357,7 @@ class Call:
             return
         self._metrics.brain_events.labels(type(event).__name__).inc()
         if isinstance(event, AudioClear):
-            self._clear_playout()
+            await self._act(self.reflex.on_audio_clear(self._clock_ms()))
         elif isinstance(event, FunctionCall):
             if not self.tool_registry.claim(event.id):
                 # One answer per call id (TAP_PROTOCOL.md): a repeat is dropped, counted.
@@ -355,7 +385,7 @@ class Call:
             self.brain = event
             log.info("call %s: brain is %s %s", self.session_id, event.name, event.version)
         elif isinstance(event, BrainError):
-            self.trail.record("brain_error", {"code": event.code})
+            self.bus.publish("brain", "brain_error", {"code": event.code})
             log.warning(
                 "call %s: brain reports error %.64s: %.200s",
                 self.session_id,
@@ -372,9 +402,12 @@ class Call:
     # ---- tools ----------------------------------------------------------------
 
     async def _run_tool(self, call: FunctionCall) -> None:
-        output, receipt = await self.tool_registry.dispose(call)
-        self.trail.record("tool_call", receipt.as_payload())
-        self._metrics.tool_calls.labels(receipt.tool, receipt.status.value).inc()
+        self.reflex.on_tool_started()
+        try:
+            output, receipt = await self.tool_registry.dispose(call)
+        finally:
+            self.reflex.on_tool_finished()
+        self.bus.publish("tool", "tool_call", receipt.as_payload())
         await self.tap.send(output, kind="function_call_output")
         if receipt.status is not ToolStatus.OK:
             return
@@ -440,13 +473,6 @@ class Call:
         self._hanging_up = True
         return ToolOutcome(ToolStatus.OK, {"channel": channel}, "ok")
 
-    def _clear_playout(self) -> None:
-        discarded = self.pacer.clear(self._clock_ms())
-        self._outbound.reset()  # drop the resampler's held tail of the cut audio
-        self._clear_pending = True
-        self._wake()
-        log.debug("call %s: playout cleared (%d ms discarded)", self.session_id, discarded)
-
     # ---- the pacer ----------------------------------------------------------
 
     def _wake(self) -> None:
@@ -464,6 +490,7 @@ class Call:
         mark_every = self._config.mark_every_frames
         lateness = self._metrics.pacer_lateness
         frames_out_metric = self._metrics.frames_out
+        reflex = self.reflex
         tail_pending = False
         while True:
             self._wake_pending = False
@@ -471,8 +498,10 @@ class Call:
                 self._clear_pending = False
                 tail_pending = False  # the resampler was reset: nothing of the cut audio left
                 await edge.send(ClearPlayback())
-            frames = pacer.poll(clock())
+            now = clock()
+            frames = [] if reflex.paused else pacer.poll(now)
             for frame in frames:
+                reflex.on_frame_sent(frame, now)
                 payload = self._outbound.process(frame.pcm)
                 if payload:
                     await edge.send(PlayAudio(payload))
@@ -497,7 +526,7 @@ class Call:
             if pacer.underruns != self._underruns_reported:
                 self._report_underruns()
             now = clock()
-            deadline = pacer.next_poll_ms(now)
+            deadline = None if reflex.paused else pacer.next_poll_ms(now)
             if tail_pending and self.playout.buffered_samples == 0 and deadline is not None:
                 deadline = min(deadline, now + pacer.lead_ms_now(now) - DRAIN_LEAD_MS)
             if self._wake_pending:

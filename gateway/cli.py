@@ -218,7 +218,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("rutster demo: gateway + echo brain + one simulated Twilio call (offline, no accounts)")
     with echo_brain_process() as brain:
         tap_url = f"ws://{LOOPBACK}:{brain.port}/echo"
-        with gateway_process(_demo_gateway_env(tap_url, token), free_port()) as gateway:
+        with gateway_process(
+            _demo_gateway_env(tap_url, token, barge_in=False), free_port()
+        ) as gateway:
             url = f"http://{LOOPBACK}:{gateway.port}"
             print(f"  gateway     {url} (uvicorn; Twilio signatures enforced, demo token)")
             print(f"  echo brain  {tap_url} (its own process)")
@@ -316,12 +318,14 @@ def cmd_demo_conversation(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _demo_gateway_env(tap_url: str, token: str) -> dict[str, str]:
+def _demo_gateway_env(tap_url: str, token: str, *, barge_in: bool = True) -> dict[str, str]:
     """A demo gateway's environment: secure mode with throwaway secrets, one brain."""
     return {
         "RUTSTER_TAP_URL": tap_url,
         "TWILIO_AUTH_TOKEN": token,
         "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
+        # The echo brain talks over the caller by design; barge-in would cut it.
+        "RUTSTER_BARGE_IN": "on" if barge_in else "off",
     }
 
 

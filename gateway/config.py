@@ -7,6 +7,7 @@ logged: ``GatewayConfig`` hides them from ``repr``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 from collections.abc import Mapping
@@ -14,6 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from gateway.reflex import (
+    CONFIRM_FLOOR_DBFS,
+    CONFIRM_MS,
+    PAUSE_MS,
+    RESUME_MS,
+    ReflexConfig,
+)
 from gateway.tap_allowlist import TapUrlAllowlist
 from gateway.tool_registry import (
     DEFAULT_CALLS_PER_CALL,
@@ -26,6 +34,7 @@ from gateway.transfer_allowlist import TransferAllowlist
 from media.endpointing import MIN_SPEECH_MS, TRAILING_SILENCE_MS
 from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
 from media.playout import DEFAULT_MAX_MS
+from media.vad import DEFAULT_DETECTOR, DETECTOR_NAMES
 from trunk.twilio.call_control import ACCOUNT_SID_PATTERN, TWILIO_API_BASE_URL
 from trunk.twilio.stream_token import MIN_SECRET_BYTES
 
@@ -83,6 +92,42 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -
     return value
 
 
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "on", "yes"):
+        return True
+    if raw in ("0", "false", "off", "no"):
+        return False
+    raise ConfigError(f"{name} must be on/off (or true/false, 1/0), got {raw!r}")
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+
+
+def _reflex_config(env: Mapping[str, str]) -> ReflexConfig:
+    return ReflexConfig(
+        min_speech_ms=_int(env, "RUTSTER_MIN_SPEECH_MS", int(MIN_SPEECH_MS), minimum=20),
+        trailing_silence_ms=_int(
+            env, "RUTSTER_TURN_SILENCE_MS", int(TRAILING_SILENCE_MS), minimum=100
+        ),
+        pause_ms=_int(env, "RUTSTER_BARGE_IN_PAUSE_MS", PAUSE_MS, minimum=20),
+        confirm_ms=_int(env, "RUTSTER_BARGE_IN_CONFIRM_MS", CONFIRM_MS, minimum=20),
+        confirm_floor_dbfs=_float(env, "RUTSTER_BARGE_IN_FLOOR_DBFS", CONFIRM_FLOOR_DBFS),
+        resume_ms=_int(env, "RUTSTER_BARGE_IN_RESUME_MS", RESUME_MS, minimum=20),
+        barge_in=_bool(env, "RUTSTER_BARGE_IN", True),
+        dtmf_barge_in=_bool(env, "RUTSTER_DTMF_BARGE_IN", False),
+    )
+
+
 def public_ws_url(public_url: str, path: str) -> str:
     """The WebSocket URL a provider uses to reach ``path`` on the public base URL.
 
@@ -122,8 +167,9 @@ class GatewayConfig:
     twilio_api_base_url: str = TWILIO_API_BASE_URL
     transfer_allowlist: TransferAllowlist = field(default_factory=TransferAllowlist)
     tool_limits: ToolLimits = field(default_factory=ToolLimits)
-    turn_silence_ms: int = int(TRAILING_SILENCE_MS)
-    min_speech_ms: int = int(MIN_SPEECH_MS)
+    reflex: ReflexConfig = field(default_factory=ReflexConfig)
+    vad: str = DEFAULT_DETECTOR
+    echo_canceller: bool = False
 
     @property
     def twilio_rest_enabled(self) -> bool:
@@ -180,6 +226,17 @@ class GatewayConfig:
             raise ConfigError(
                 f"RUTSTER_STREAM_SECRET must be at least {MIN_SECRET_BYTES} bytes long"
             )
+        vad = env.get("RUTSTER_VAD", "").strip() or DEFAULT_DETECTOR
+        if vad not in DETECTOR_NAMES:
+            raise ConfigError(
+                f"RUTSTER_VAD must be one of {', '.join(DETECTOR_NAMES)}, got {vad!r}"
+            )
+        echo_canceller = _bool(env, "RUTSTER_ECHO_CANCELLER", False)
+        if echo_canceller and importlib.util.find_spec("pywebrtc_audio") is None:
+            raise ConfigError(
+                "RUTSTER_ECHO_CANCELLER=on needs the pywebrtc-audio package: "
+                "pip install 'rutster[aec]'"
+            )
         account_sid = env.get("TWILIO_ACCOUNT_SID", "").strip() or None
         if account_sid is not None and not ACCOUNT_SID_PATTERN.fullmatch(account_sid):
             raise ConfigError("TWILIO_ACCOUNT_SID must be 'AC' followed by 32 hex digits")
@@ -224,8 +281,7 @@ class GatewayConfig:
             twilio_api_base_url=api_base.rstrip("/"),
             transfer_allowlist=transfer_allowlist,
             tool_limits=tool_limits,
-            turn_silence_ms=_int(
-                env, "RUTSTER_TURN_SILENCE_MS", int(TRAILING_SILENCE_MS), minimum=100
-            ),
-            min_speech_ms=_int(env, "RUTSTER_MIN_SPEECH_MS", int(MIN_SPEECH_MS), minimum=20),
+            reflex=_reflex_config(env),
+            vad=vad,
+            echo_canceller=echo_canceller,
         )

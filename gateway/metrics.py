@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gateway.event_bus import CallEvent
+
 #: Pacer wake-up lateness buckets (seconds): fine below the 10 ms jitter goal of
 #: the foundation issue, coarse above it.
 PACER_LATENESS_BUCKETS = (
@@ -104,6 +106,18 @@ class GatewayMetrics:
             ["tool", "status"],
             registry=r,
         )
+        self.reflex_transitions = Counter(
+            "rutster_reflex_transitions",
+            "Reflex-loop state changes, by from and to state",
+            ["from_state", "to_state"],
+            registry=r,
+        )
+        self.barge_ins = Counter(
+            "rutster_barge_ins",
+            "Barge-in steps: paused, confirmed, resumed (a noise burst), answer_cut",
+            ["step"],
+            registry=r,
+        )
         self.signature_failures = Counter(
             "rutster_signature_failures",
             "Requests refused for a missing or invalid X-Twilio-Signature",
@@ -124,3 +138,18 @@ class GatewayMetrics:
             buckets=PACER_LATENESS_BUCKETS,
             registry=r,
         )
+
+    def on_call_event(self, event: CallEvent) -> None:
+        """Event-bus subscriber: count what the calls' buses carry."""
+        kind = event.type
+        payload = event.payload
+        if kind == "state":
+            self.reflex_transitions.labels(str(payload["from"]), str(payload["to"])).inc()
+        elif kind in ("speech_started", "turn_ended"):
+            self.turn_events.labels(kind).inc()
+        elif kind.startswith("barge_in_"):
+            self.barge_ins.labels(kind.removeprefix("barge_in_")).inc()
+        elif kind == "answer_cut":
+            self.barge_ins.labels("answer_cut").inc()
+        elif kind == "tool_call":
+            self.tool_calls.labels(str(payload["tool"]), str(payload["status"])).inc()

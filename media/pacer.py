@@ -211,6 +211,16 @@ class Pacer:
         self._starved_item = None
         return discarded_ms
 
+    def halt(self, now_ms: float) -> None:
+        """Barge-in pause: the provider's queue was cleared, but keep what is buffered.
+
+        Playout starts again (with the usual start allowance) at the next
+        :meth:`poll` after the glue resumes polling; no underrun is counted.
+        """
+        self._queued_until = now_ms
+        self._state = PacerState.IDLE
+        self._starved_item = None
+
     # ---- internals -----------------------------------------------------------
 
     def _start_met(self, now_ms: float) -> bool:

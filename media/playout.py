@@ -10,6 +10,7 @@ is what barge-in reports as ``played_ms``.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from media.formats import (
@@ -217,6 +218,47 @@ class PlayoutBuffer:
             pieces.append(self._zeros[: size - taken])
         pcm = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         return PlayoutFrame(bytes(pcm), item, taken // SAMPLE_WIDTH)
+
+    def requeue(self, frames: Sequence[PlayoutFrame]) -> int:
+        """Put popped ``frames`` back at the head, oldest first; return samples requeued.
+
+        For a paused barge-in: the provider's ``clear`` discarded audio the
+        caller never heard, so it goes back in front of what is still
+        buffered, and no longer counts as played for its item. Only the
+        frames' real audio is requeued (padding is not). If the buffer would
+        overflow, the oldest requeued audio is dropped (counted).
+        """
+        pieces = [(f.pcm[: f.audio_samples * SAMPLE_WIDTH], f.item) for f in frames]
+        pieces = [(pcm, item) for pcm, item in pieces if pcm]
+        if not pieces:
+            return 0
+        total = sum(len(pcm) for pcm, _ in pieces)
+        room = self._capacity_bytes - self._buffered_bytes
+        if total > room:
+            drop = total - room
+            self._dropped_samples += drop // SAMPLE_WIDTH
+            self._overflow_events += 1
+            while drop and pieces:
+                pcm, item = pieces[0]
+                if len(pcm) <= drop:
+                    drop -= len(pcm)
+                    pieces.pop(0)
+                else:
+                    pieces[0] = (pcm[drop:], item)
+                    drop = 0
+        segments = self._segments
+        if self._head_offset:
+            head, head_item = segments[0]
+            segments[0] = (head[self._head_offset :], head_item)
+            self._head_offset = 0
+        requeued = 0
+        for pcm, item in reversed(pieces):
+            segments.appendleft((pcm, item))
+            self._buffered_bytes += len(pcm)
+            requeued += len(pcm) // SAMPLE_WIDTH
+            if item is not None and item in self._played:
+                self._played[item] = max(0, self._played[item] - len(pcm) // SAMPLE_WIDTH)
+        return requeued
 
     def clear(self) -> int:
         """Drop all unplayed audio; return the milliseconds discarded (rounded down)."""

@@ -16,6 +16,7 @@ from brains.echo import EchoBrain
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.launcher import LOOPBACK, free_port
+from gateway.reflex import ReflexConfig
 from gateway.server import uvicorn_config
 from gateway.state import GatewayState
 from gateway.tap_allowlist import TapUrlAllowlist
@@ -75,9 +76,15 @@ async def serve_gateway(config: GatewayConfig) -> AsyncIterator[RunningGateway]:
         await asyncio.wait_for(task, 10)
 
 
-def gateway_config(tap_url: str, **overrides: Any) -> GatewayConfig:
-    """A secure-mode config dialling ``tap_url`` (public URL is set by ``serve_gateway``)."""
+def gateway_config(tap_url: str, *, barge_in: bool = True, **overrides: Any) -> GatewayConfig:
+    """A secure-mode config dialling ``tap_url`` (public URL is set by ``serve_gateway``).
+
+    ``barge_in=False`` for the echo brain: it plays the caller's own voice back
+    while they talk, which barge-in would (rightly) cut.
+    """
     allow = overrides.pop("allow", "")
+    if not barge_in:
+        overrides["reflex"] = ReflexConfig(barge_in=False)
     return GatewayConfig(
         tap_url=tap_url,
         tap_allowlist=TapUrlAllowlist.parse(allow, default=tap_url),
@@ -91,7 +98,7 @@ def gateway_config(tap_url: str, **overrides: Any) -> GatewayConfig:
 @pytest.fixture
 async def gateway(echo_brain: EchoBrain) -> AsyncIterator[RunningGateway]:
     """A secure-mode gateway whose default brain is the in-process echo brain."""
-    async with serve_gateway(gateway_config(echo_brain.url)) as running:
+    async with serve_gateway(gateway_config(echo_brain.url, barge_in=False)) as running:
         yield running
 
 

@@ -69,6 +69,7 @@ def stack() -> Iterator[Stack]:
     with echo_brain_process() as brain:
         env = {
             "RUTSTER_TAP_URL": f"ws://{LOOPBACK}:{brain.port}/echo",
+            "RUTSTER_BARGE_IN": "off",  # the echo brain talks over the caller by design
             "TWILIO_AUTH_TOKEN": token,
             "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
         }

@@ -426,7 +426,7 @@ class RecordingBrain:
 
 async def test_dtmf_and_session_end_reach_the_brain(echo_brain: EchoBrain) -> None:
     async with RecordingBrain() as brain:
-        config = gateway_config(echo_brain.url, allow=brain.url)
+        config = gateway_config(echo_brain.url, barge_in=False, allow=brain.url)
         async with serve_gateway(config) as gateway:
             call_sid = new_sid("CA")
             ws, stream_sid, _ = await start_stream(gateway, brain=brain.url, call_sid=call_sid)
@@ -477,7 +477,9 @@ async def test_audio_clear_from_the_brain_flushes_playout_and_clears_twilio(
     async with serve(brain_handler, "127.0.0.1", 0, compression=None) as server:
         port = next(iter(server.sockets)).getsockname()[1]
         brain_url = f"ws://127.0.0.1:{port}/clearing"
-        async with serve_gateway(gateway_config(echo_brain.url, allow=brain_url)) as gateway:
+        async with serve_gateway(
+            gateway_config(echo_brain.url, barge_in=False, allow=brain_url)
+        ) as gateway:
             ws, _, _ = await start_stream(gateway, brain=brain_url)
             events: list[str] = []
             loop = asyncio.get_running_loop()

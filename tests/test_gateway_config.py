@@ -383,3 +383,38 @@ async def test_query_brain_beats_per_number_brain(echo_brain: EchoBrain) -> None
         assert await chosen("+15550003333") == number_brain
         assert await chosen("+15550003333", f"brain={query_brain}") == query_brain
         assert await chosen("+15550004444") == echo_brain.url
+
+
+def test_reflex_knobs_from_the_environment() -> None:
+    config = GatewayConfig.from_env(
+        {
+            "RUTSTER_BARGE_IN": "off",
+            "RUTSTER_BARGE_IN_CONFIRM_MS": "500",
+            "RUTSTER_BARGE_IN_FLOOR_DBFS": "-40.5",
+            "RUTSTER_TURN_SILENCE_MS": "700",
+            "RUTSTER_DTMF_BARGE_IN": "yes",
+            "RUTSTER_VAD": "webrtc",
+            "RUTSTER_ECHO_CANCELLER": "on",
+        }
+    )
+    assert not config.reflex.barge_in
+    assert config.reflex.confirm_ms == 500
+    assert config.reflex.confirm_floor_dbfs == -40.5
+    assert config.reflex.trailing_silence_ms == 700
+    assert config.reflex.dtmf_barge_in
+    assert config.vad == "webrtc"
+    assert config.echo_canceller
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RUTSTER_BARGE_IN": "maybe"}, "RUTSTER_BARGE_IN must be on/off"),
+        ({"RUTSTER_VAD": "magic"}, "RUTSTER_VAD must be one of energy, webrtc, silero, cascade"),
+        ({"RUTSTER_BARGE_IN_FLOOR_DBFS": "loud"}, "must be a number"),
+        ({"RUTSTER_BARGE_IN_CONFIRM_MS": "5"}, "must be >= 20"),
+    ],
+)
+def test_reflex_knob_errors_are_clear(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        GatewayConfig.from_env(env)

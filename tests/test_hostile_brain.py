@@ -343,7 +343,9 @@ async def test_hostile_brains_alongside_normal_calls(
         vanish = await stack.enter_async_context(HostileBrain("vanish", vanish_behaviour))
         silent = await stack.enter_async_context(HostileBrain("silent", silent_behaviour))
         hostile = [garbage, flood, oversize, vanish, silent]
-        config = gateway_config(echo_brain.url, allow=",".join(b.url for b in hostile))
+        config = gateway_config(
+            echo_brain.url, barge_in=False, allow=",".join(b.url for b in hostile)
+        )
         gateway = await stack.enter_async_context(serve_gateway(config))
         watcher = await stack.enter_async_context(CallWatcher(gateway))
 
@@ -470,7 +472,7 @@ async def test_silent_brain_does_not_delay_call_end_beyond_the_close_timeout(
     echo_brain: EchoBrain, speech_pcm: bytes
 ) -> None:
     async with HostileBrain("silent", silent_behaviour) as silent:
-        config = gateway_config(echo_brain.url, allow=silent.url)
+        config = gateway_config(echo_brain.url, barge_in=False, allow=silent.url)
         async with serve_gateway(config) as gateway, CallWatcher(gateway) as watcher:
             sim = RoutedSimulator(gateway.url, silent.url)
             await sim.place_call(speech_slice(speech_pcm, 0.0, 0.5), tail_s=0.2)
@@ -487,7 +489,9 @@ async def test_grace_period_ends_the_call_when_the_brain_stays_away(
     echo_brain: EchoBrain, speech_pcm: bytes
 ) -> None:
     async with HostileBrain("vanish", vanish_behaviour) as vanish:
-        config = gateway_config(echo_brain.url, allow=vanish.url, brain_grace_ms=600)
+        config = gateway_config(
+            echo_brain.url, barge_in=False, allow=vanish.url, brain_grace_ms=600
+        )
         async with serve_gateway(config) as gateway, CallWatcher(gateway) as watcher:
             sim = RoutedSimulator(gateway.url, vanish.url)
             # Longer than it takes the brain to vanish plus the grace period.
@@ -511,7 +515,7 @@ async def test_binary_frame_with_valid_json_is_accepted(
             await sock.ws.send(text.encode())
 
     async with HostileBrain("binary", binary_echo) as brain:
-        config = gateway_config(echo_brain.url, allow=brain.url)
+        config = gateway_config(echo_brain.url, barge_in=False, allow=brain.url)
         async with serve_gateway(config) as gateway:
             pcm = speech_slice(speech_pcm, 5.0, 1.5)
             result = await RoutedSimulator(gateway.url, brain.url).place_call(pcm, tail_s=TAIL_S)

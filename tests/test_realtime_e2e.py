@@ -273,3 +273,37 @@ async def test_transfer_to_an_allowlisted_number_redirects_the_call(speech_pcm: 
     assert (receipt.payload["tool"], receipt.payload["status"]) == ("transfer", "ok")
     assert trail.of_type("call_ended")[0].payload["reason"] == "transferred"
     assert "+15550001111" not in json.dumps([e.payload for e in trail.events])
+
+
+async def test_barge_in_truncates_the_mock_item_at_what_the_caller_heard(
+    speech_pcm: bytes,
+) -> None:
+    """Issue 4: a barge-in through uvicorn cuts the reply where the caller stopped hearing it."""
+    turn = pcm8k_slice(speech_pcm, SPEECH_FROM_S, 2.0) + silence_8k(1.5)  # reply starts ~2.5 s
+    barge = pcm8k_slice(speech_pcm, 12.0, 1.5)  # the caller talks over the reply at 3.5 s
+    caller = turn + barge + silence_8k(3.0)
+    async with MockRealtimeServer(reply_ms=4_000) as mock, in_process_brain(mock) as brain:
+        async with serve_gateway(gateway_config(brain.url)) as gw:
+            sim = TwilioSimulator(gw.url, auth_token=TEST_AUTH_TOKEN)
+            result = await sim.place_call(caller, tail_s=0.2)
+        await eventually(lambda: bool(mock.sessions and mock.sessions[0].truncations))
+    session = only_session(mock)
+    (truncation,) = session.truncations
+    # What the caller heard of the reply: from its first voiced frame to the cut.
+    frame = 320  # 20 ms of PCM16 at 8 kHz
+    heard = result.heard_pcm
+    voiced = [rms(heard[i : i + frame]) > 180 for i in range(0, len(heard) - frame + 1, frame)]
+    start = next(i for i in range(125, len(voiced)) if voiced[i])  # after the first turn
+    end = start
+    while end < len(voiced) and voiced[end]:
+        end += 1
+    heard_ms = (end - start) * 20
+    assert 2_500 <= start * 20 <= 3_000  # the turn ended 500 ms after the caller stopped
+    assert abs(truncation["audio_end_ms"] - heard_ms) <= 60, (truncation, heard_ms)
+    assert heard_ms < 4_000 - 500  # it really was cut, well before its end
+    # The mock had already sent the whole reply (4x real time), so there was no
+    # response left to cancel: the truncation is what tells the model what was said.
+    (trail,) = gw.state.recent_trails.values()
+    (confirmed,) = trail.of_type("barge_in_confirmed")
+    assert confirmed.payload["played_ms"] == truncation["audio_end_ms"]
+    assert result.clears_received >= 1
