@@ -32,6 +32,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.launcher import LOOPBACK, echo_brain_process, gateway_process
+from media.vad import DEFAULT_DETECTOR, DETECTOR_NAMES
 from trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator, read_wav_8k
 
 SPEECH_WAV = Path(__file__).resolve().parent.parent / "tests/fixtures/audio/caller_speech_8k.wav"
@@ -140,7 +141,7 @@ async def run_level(
     )
 
 
-async def bench(levels: list[int], seconds: float) -> None:
+async def bench(levels: list[int], seconds: float, vad: str) -> None:
     pcm = read_wav_8k(SPEECH_WAV)[: int(seconds * 8000) * 2]
     token = secrets.token_urlsafe(16)
     cores = os.sched_getaffinity(0)
@@ -152,6 +153,7 @@ async def bench(levels: list[int], seconds: float) -> None:
         env = {
             "RUTSTER_TAP_URL": f"ws://{LOOPBACK}:{brain.port}/echo",
             "RUTSTER_BARGE_IN": "off",  # the echo brain talks over the caller by design
+            "RUTSTER_VAD": vad,
             "TWILIO_AUTH_TOKEN": token,
             "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
         }
@@ -199,14 +201,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--levels", default="25,50,100,150,200")
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--vad", default=DEFAULT_DETECTOR, choices=DETECTOR_NAMES, help="the gateway's VAD"
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     try:
         import uvloop
     except ImportError:
-        asyncio.run(bench(levels, args.seconds))
+        asyncio.run(bench(levels, args.seconds, args.vad))
     else:
-        uvloop.run(bench(levels, args.seconds))
+        uvloop.run(bench(levels, args.seconds, args.vad))
 
 
 if __name__ == "__main__":

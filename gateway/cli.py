@@ -23,6 +23,8 @@ DEMO_TURNS = 2
 DEMO_SPEECH_S = 3.0
 DEMO_SPEECH_FROM_S = 9.0
 DEMO_REPLY_WINDOW_S = 4.0
+#: Words before the marker tone in the last turn.
+DEMO_LAST_WORDS_S = 1.5
 #: Seconds of silence after the marker tone: time for the tool round trip.
 DEMO_HANGUP_WAIT_S = 5
 #: ``rutster serve``'s default port (matches config.DEFAULT_PUBLIC_URL).
@@ -266,13 +268,18 @@ def cmd_demo_conversation(args: argparse.Namespace) -> int:
         return 2
     tone = StreamResampler(24_000, 8_000)
     tone_8k = tone.process(marker_tone_pcm()) + tone.flush()
+    speech = read_wav_8k(wav)
+    # The last turn: a few words, then the tone inside the same turn (the VAD does
+    # not take a bare tone for a turn, rightly), then time for the tool round trip.
+    last = int((DEMO_SPEECH_FROM_S + DEMO_TURNS * DEMO_SPEECH_S) * 8_000) * 2
+    last_words = speech[last : last + int(DEMO_LAST_WORDS_S * 8_000) * 2]
     script = conversation_script(
-        read_wav_8k(wav),
+        speech,
         turns=DEMO_TURNS,
         speech_s=DEMO_SPEECH_S,
         reply_window_s=DEMO_REPLY_WINDOW_S,
         speech_from_s=DEMO_SPEECH_FROM_S,
-        final_pcm=tone_8k + b"\x00\x00" * 8_000 * DEMO_HANGUP_WAIT_S,
+        final_pcm=last_words + tone_8k + b"\x00\x00" * 8_000 * DEMO_HANGUP_WAIT_S,
     )
     token = secrets.token_urlsafe(24)
     print(
@@ -287,7 +294,8 @@ def cmd_demo_conversation(args: argparse.Namespace) -> int:
             print(f"  realtime brain  {tap_url} (its own process, MOCK upstream)")
             print(
                 f"  caller          {DEMO_TURNS} turns of {DEMO_SPEECH_S:.0f} s of speech from "
-                f"{_display_path(wav)}, then the marker tone that makes the mock call hangup"
+                f"{_display_path(wav)}, then a turn ending in the marker tone "
+                "(the mock calls hangup)"
             )
             simulator = TwilioSimulator(url, auth_token=token)
             result = asyncio.run(simulator.place_call(script.pcm, tail_s=0.5))

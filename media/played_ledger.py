@@ -83,8 +83,11 @@ class PlayedLedger:
         predicted; an echo earlier than predicted is ignored (it cannot be).
         """
         frames = self._frames
-        position = next((i for i, e in enumerate(frames) if e.index == index), None)
-        if position is None:
+        if not frames:
+            return
+        # Indices are consecutive in the deque: the position is arithmetic, not a search.
+        position = index - frames[0].index
+        if not 0 <= position < len(frames):
             return
         late = now_ms - frames[position].play_end_ms
         if late <= 0:
