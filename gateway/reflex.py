@@ -52,7 +52,7 @@ from media.endpointing import (
     TRAILING_SILENCE_MS,
     frame_level_dbfs,
 )
-from media.formats import FRAME_MS
+from media.formats import FRAME_MS, ms_to_frames
 from media.pacer import Pacer
 from media.played_ledger import PlayedLedger, SentFrame
 from media.playout import PlayoutBuffer, PlayoutFrame
@@ -101,7 +101,7 @@ class ReflexConfig:
 
     def frames(self, ms: float) -> int:
         """Whole 20 ms frames covering ``ms`` (at least one)."""
-        return max(1, -(-int(ms) // FRAME_MS))
+        return max(1, ms_to_frames(ms))
 
 
 class SpeechDetector(Protocol):

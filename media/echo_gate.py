@@ -87,6 +87,7 @@ from media.formats import (
     CANONICAL_FRAME_SAMPLES,
     CANONICAL_SAMPLE_RATE,
     FRAME_MS,
+    ms_to_frames,
 )
 
 __all__ = [
@@ -274,11 +275,6 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def _frames(ms: float) -> int:
-    """Whole frames that cover ``ms`` (rounded up)."""
-    return math.ceil(ms / FRAME_MS)
-
-
 @dataclass(frozen=True, slots=True)
 class EchoGateConfig:
     """Tuning of an :class:`EchoGate`; durations round up to whole 20 ms frames."""
@@ -333,13 +329,13 @@ class EchoGateConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if _frames(self.min_delay_ms) >= _frames(self.max_delay_ms):
+        if ms_to_frames(self.min_delay_ms) >= ms_to_frames(self.max_delay_ms):
             raise ValueError("min_delay_ms must be at least one frame below max_delay_ms")
-        if _frames(self.min_correlation_window_ms) < 2:
+        if ms_to_frames(self.min_correlation_window_ms) < 2:
             raise ValueError("min_correlation_window_ms must span at least two frames")
-        if _frames(self.min_correlation_window_ms) > _frames(self.correlation_window_ms):
+        if ms_to_frames(self.min_correlation_window_ms) > ms_to_frames(self.correlation_window_ms):
             raise ValueError("min_correlation_window_ms must not exceed correlation_window_ms")
-        if _frames(self.min_erl_evidence_ms) > _frames(self.erl_window_ms):
+        if ms_to_frames(self.min_erl_evidence_ms) > ms_to_frames(self.erl_window_ms):
             raise ValueError("min_erl_evidence_ms must not exceed erl_window_ms")
         if not (math.isfinite(self.max_erl_db) and self.max_erl_db >= self.min_erl_db):
             raise ValueError("max_erl_db must be finite and at least min_erl_db")
@@ -477,15 +473,15 @@ class EchoGate:
 
     def __init__(self, config: EchoGateConfig | None = None) -> None:
         self._config = config = config if config is not None else EchoGateConfig()
-        self._lag_min = _frames(config.min_delay_ms)
-        self._lag_max = _frames(config.max_delay_ms)
-        self._spread = _frames(config.delay_spread_ms)
-        self._window = _frames(config.correlation_window_ms)
-        self._min_window = _frames(config.min_correlation_window_ms)
-        self._update_every = _frames(config.delay_update_ms)
-        self._echo_check = min(_frames(config.echo_check_ms), self._window)
-        self._capture_resync = _frames(config.capture_resync_ms)
-        self._min_erl_evidence = _frames(config.min_erl_evidence_ms)
+        self._lag_min = ms_to_frames(config.min_delay_ms)
+        self._lag_max = ms_to_frames(config.max_delay_ms)
+        self._spread = ms_to_frames(config.delay_spread_ms)
+        self._window = ms_to_frames(config.correlation_window_ms)
+        self._min_window = ms_to_frames(config.min_correlation_window_ms)
+        self._update_every = ms_to_frames(config.delay_update_ms)
+        self._echo_check = min(ms_to_frames(config.echo_check_ms), self._window)
+        self._capture_resync = ms_to_frames(config.capture_resync_ms)
+        self._min_erl_evidence = ms_to_frames(config.min_erl_evidence_ms)
         self._erl_quantile = config.erl_percentile / 100.0
         self._margin = config.margin_db
         self._min_erl = config.min_erl_db
@@ -493,13 +489,13 @@ class EchoGate:
         # Render is needed for the correlation window plus the lag range
         # behind the newest capture slot, and for whatever was sent ahead.
         self._render_size = (
-            self._window + self._lag_max + self._spread + _frames(config.render_ahead_ms)
+            self._window + self._lag_max + self._spread + ms_to_frames(config.render_ahead_ms)
         )
         self._render_env = _SlotRing(self._render_size)
         self._capture_env = _SlotRing(self._window)
         # Levels judged: the capture's, or the canceller output's when it runs.
         self._judged_env = _SlotRing(self._window) if config.canceller else self._capture_env
-        self._erl_ratios: npt.NDArray[np.float64] = np.zeros(_frames(config.erl_window_ms))
+        self._erl_ratios: npt.NDArray[np.float64] = np.zeros(ms_to_frames(config.erl_window_ms))
         self._pending: list[float] = []
         self._pending_quiet: list[float] = []
         self._render_pcm: dict[int, bytes] = {}

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES, FRAME_MS
+from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES, FRAME_MS, ms_to_frames
 
 __all__ = [
     "ABS_FLOOR_DBFS",
@@ -131,11 +131,6 @@ def frame_level_dbfs(frame: bytes) -> float:
     return 10.0 * math.log10(power) - 20.0 * math.log10(_FULL_SCALE)
 
 
-def _frames(ms: float) -> int:
-    """Whole frames that cover ``ms`` of audio (rounded up)."""
-    return math.ceil(ms / FRAME_MS)
-
-
 @dataclass(frozen=True, slots=True)
 class EndpointerConfig:
     """Tuning of an :class:`EnergyEndpointer`; durations round up to whole 20 ms frames."""
@@ -157,7 +152,7 @@ class EndpointerConfig:
         for name, value in durations.items():
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of ms, got {value!r}")
-        if _frames(self.onset_window_ms) < _frames(self.min_speech_ms):
+        if ms_to_frames(self.onset_window_ms) < ms_to_frames(self.min_speech_ms):
             raise ValueError(
                 f"onset_window_ms ({self.onset_window_ms}) must be at least "
                 f"min_speech_ms ({self.min_speech_ms})"
@@ -229,11 +224,11 @@ class EnergyEndpointer:
         self._config = config = config if config is not None else EndpointerConfig()
         self._abs_floor = config.abs_floor_dbfs
         self._margin = config.margin_db
-        self._min_speech_frames = _frames(config.min_speech_ms)
-        self._trailing_frames = _frames(config.trailing_silence_ms)
-        self._noise_window_frames = _frames(config.noise_window_ms)
+        self._min_speech_frames = ms_to_frames(config.min_speech_ms)
+        self._trailing_frames = ms_to_frames(config.trailing_silence_ms)
+        self._noise_window_frames = ms_to_frames(config.noise_window_ms)
         # Decisions of the last onset_window frames while no turn is open.
-        self._onset: deque[bool] = deque(maxlen=_frames(config.onset_window_ms))
+        self._onset: deque[bool] = deque(maxlen=ms_to_frames(config.onset_window_ms))
         # (frame index, level), levels strictly increasing: the front is the
         # minimum of the window (the classic monotonic-deque sliding minimum,
         # O(1) amortised per frame).

@@ -7,6 +7,7 @@ mono, 24 kHz, 20 ms frames of 480 samples.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -56,3 +57,8 @@ TWILIO_MULAW_8K = MediaFormat(Encoding.MULAW, 8_000)
 def samples_to_ms(samples: int, sample_rate: int = CANONICAL_SAMPLE_RATE) -> int:
     """Whole milliseconds that ``samples`` last at ``sample_rate`` (rounded down)."""
     return samples * 1000 // sample_rate
+
+
+def ms_to_frames(ms: float) -> int:
+    """Whole 20 ms frames that cover ``ms`` (rounded up; 0 for 0)."""
+    return math.ceil(ms / FRAME_MS)
