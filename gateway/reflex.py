@@ -218,7 +218,6 @@ class ReflexLoop:
         self._turn: _Turn | None = None
         self._pause: _Pause | None = None
         self._cancelled: deque[str] = deque(maxlen=64)
-        self.last_speech = False
 
     # ---- state --------------------------------------------------------------
 
@@ -243,7 +242,6 @@ class ReflexLoop:
         near_end = verdict.near_end
         probability = self._detector.process(frame, near_end)
         speech = near_end and probability >= self._threshold
-        self.last_speech = speech
         actions: list[ReflexAction] = []
         if self.state is ReflexState.SPEAKING and self._assistant_done(now_ms):
             self._enter(ReflexState.LISTENING)

@@ -7,6 +7,7 @@ import base64
 import contextlib
 import json
 from dataclasses import replace
+from typing import Self
 
 import httpx
 import numpy as np
@@ -392,14 +393,17 @@ async def test_healthz_and_metrics(gateway: RunningGateway) -> None:
 
 
 class RecordingBrain:
-    """A loopback brain that echoes audio like the echo brain and records every core event."""
+    """A loopback brain that echoes audio like the echo brain and records every core event.
+
+    Subclasses change how it answers by overriding :meth:`respond`.
+    """
 
     def __init__(self) -> None:
         self.events: list[object] = []
         self.url = ""
         self._server: Server | None = None
 
-    async def __aenter__(self) -> RecordingBrain:
+    async def __aenter__(self) -> Self:
         self._server = await serve(self._handle, "127.0.0.1", 0, compression=None)
         port = next(iter(self._server.sockets)).getsockname()[1]
         self.url = f"ws://127.0.0.1:{port}/recording"
@@ -417,8 +421,12 @@ class RecordingBrain:
             async for message in ws:
                 event = decoder.decode(message)
                 self.events.append(event)
-                if isinstance(event, AudioIn):
-                    await ws.send(encoder.encode(AudioOut(event.pcm, item="rec"), 0.0))
+                await self.respond(ws, encoder, event)
+
+    async def respond(self, ws: ServerConnection, encoder: TapEncoder, event: object) -> None:
+        """Answer one core event (here: echo audio back)."""
+        if isinstance(event, AudioIn):
+            await ws.send(encoder.encode(AudioOut(event.pcm, item="rec"), 0.0))
 
     def of_type(self, kind: type) -> list[object]:
         return [e for e in self.events if isinstance(e, kind)]

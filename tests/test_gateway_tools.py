@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
+from websockets.asyncio.server import ServerConnection
 
 from brains.tap import (
-    Direction,
     FunctionCall,
     FunctionCallOutput,
     Hello,
     SessionEnd,
-    TapDecoder,
     TapEncoder,
     ToolSpec,
     ToolsUpdate,
@@ -28,43 +24,25 @@ from tests.conftest import (
     gateway_config,
     serve_gateway,
 )
-from tests.test_gateway_calls import start_stream
+from tests.test_gateway_calls import RecordingBrain, start_stream
 from trunk.twilio.fake_rest import FakeTwilioRest
 from trunk.twilio.simulator import new_sid
 
 
-class ScriptedToolBrain:
+class ScriptedToolBrain(RecordingBrain):
     """Answers ``hello`` with a catalog, then sends whatever ``script`` returns."""
 
     def __init__(self, catalog: tuple[ToolSpec, ...], script: Callable[[], list[Any]]) -> None:
+        super().__init__()
         self.catalog = catalog
         self.script = script
-        self.events: list[object] = []
-        self.url = ""
-        self._server: Server | None = None
 
-    async def __aenter__(self) -> ScriptedToolBrain:
-        self._server = await serve(self._handle, "127.0.0.1", 0, compression=None)
-        port = next(iter(self._server.sockets)).getsockname()[1]
-        self.url = f"ws://127.0.0.1:{port}/tools"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
-
-    async def _handle(self, ws: ServerConnection) -> None:
-        decoder = TapDecoder(Direction.CORE_TO_BRAIN)
-        encoder = TapEncoder(start_ms=0.0)
-        with contextlib.suppress(ConnectionClosed):
-            async for message in ws:
-                event = decoder.decode(message)
-                self.events.append(event)
-                if isinstance(event, Hello):
-                    await ws.send(encoder.encode(ToolsUpdate(self.catalog), 0.0))
-                    for proposal in self.script():
-                        await ws.send(encoder.encode(proposal, 0.0))
+    async def respond(self, ws: ServerConnection, encoder: TapEncoder, event: object) -> None:
+        """``hello`` → the catalog and the scripted proposals; nothing else."""
+        if isinstance(event, Hello):
+            await ws.send(encoder.encode(ToolsUpdate(self.catalog), 0.0))
+            for proposal in self.script():
+                await ws.send(encoder.encode(proposal, 0.0))
 
     def outputs(self) -> list[FunctionCallOutput]:
         return [e for e in self.events if isinstance(e, FunctionCallOutput)]

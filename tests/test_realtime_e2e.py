@@ -113,7 +113,7 @@ async def test_caller_hears_the_mock_reply_after_an_end_of_turn(speech_pcm: byte
         rms(heard_after_turn[i : i + 320]) > 300 for i in range(0, len(heard_after_turn), 320)
     ]
     assert sum(voiced) * 0.02 >= 2.0, f"heard only {sum(voiced) * 0.02:.2f} s of reply"
-    assert result.heard_gaps == 0 or isinstance(result.heard_gaps, int)
+    assert result.heard_gaps == 0  # the reply played without a hole
 
 
 async def run_tool_call(
