@@ -1,4 +1,10 @@
-"""The Starlette application: routes, health, metrics, startup warnings."""
+"""The Starlette application: routes, health, metrics, startup warnings, spend services.
+
+At startup the app connects to Redis (``REDIS_URL``), or starts a private
+embedded Redis when none is configured, and builds the spend store, gate,
+API keys, rate limiter and control channel on it; maintenance tasks replay
+the local spend journal and reap calls whose gateway died.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +15,27 @@ import logging
 from collections.abc import AsyncIterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
 from brains.tap import SessionEndReason
+from gateway.api.api_keys import AdminKey, ApiKeyStore
+from gateway.api.rate_limit import RateLimiter
+from gateway.api.routes import api_routes, hang_up_local_call
 from gateway.config import GatewayConfig
+from gateway.control_channel import ControlChannel
+from gateway.dashboard_feed import dashboard_routes
 from gateway.state import GatewayState
 from media.vad import preload
+from spend.embedded_redis import EmbeddedRedis
+from spend.gate import SpendGate
+from spend.journal import SpendJournal
+from spend.store import REDIS_CONNECT_TIMEOUT_S, SpendStore, StoreUnavailable, redis_client
 from trunk.twilio.call_control import TwilioCallControl
-from trunk.twilio.routes import twilio_stream, twilio_voice
+from trunk.twilio.routes import twilio_status, twilio_stream, twilio_voice
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +63,93 @@ def startup_warnings(config: GatewayConfig) -> list[str]:
             "stream, and the transfer tool is unavailable. Set TWILIO_ACCOUNT_SID (and "
             "TWILIO_AUTH_TOKEN) to act on calls through Twilio's REST API."
         )
+    if config.spend.admin_key is None:
+        warnings.append(
+            "RUTSTER_ADMIN_KEY is not set: nobody can create API keys, change limits or use "
+            "the kill switch until it is."
+        )
+    if config.spend.policy.admit_when_store_down:
+        warnings.append(
+            "RUTSTER_SPEND_ON_REDIS_DOWN=admit: calls are admitted without budget checks "
+            "while Redis is unreachable."
+        )
     if not config.public_url.startswith("https://"):
         warnings.append(
             f"RUTSTER_PUBLIC_URL is {config.public_url}: Twilio only connects media streams "
             "over wss://, so this works with the local simulator only."
         )
     return warnings
+
+
+async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
+    """Connect to (or start) Redis and build the spend services; returns their tasks."""
+    settings = state.config.spend
+    url = settings.redis_url
+    if url is None:
+        embedded = EmbeddedRedis(settings.data_dir / "redis")
+        await asyncio.to_thread(embedded.start)
+        state.embedded_redis = embedded
+        url = embedded.url
+        log.info(
+            "REDIS_URL is not set: spend, keys and receipts live in an embedded Redis at %s "
+            "(data in %s), private to this process; set REDIS_URL to share them between "
+            "gateway processes",
+            url,
+            embedded.data_dir,
+        )
+    redis = redis_client(url)
+    state.redis = redis
+    store = SpendStore(
+        redis,
+        settings.redis_prefix,
+        retention_s=settings.retention_s,
+        ledger_max_entries=settings.ledger_max_entries,
+    )
+    state.spend_store = store
+    journal = SpendJournal(settings.journal_path)
+    gate = SpendGate(store, settings.prices, journal, policy=settings.policy, node=settings.node_id)
+    state.spend_gate = gate
+    state.api_keys = ApiKeyStore(redis, settings.redis_prefix)
+    if settings.admin_key is not None:
+        state.admin_key = AdminKey(settings.admin_key)
+    state.rate_limiter = RateLimiter(
+        redis, settings.redis_prefix, settings.api_rate_per_s, settings.api_burst
+    )
+    # A subscriber waits indefinitely for its next message: no read timeout there.
+    listener = Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S
+    )
+    channel = ControlChannel(redis, settings.redis_prefix, settings.node_id, listener=listener)
+    state.control_channel = channel
+    pending = len(journal.pending())
+    if pending:
+        log.warning("spend journal holds %d record(s) not yet in Redis; replaying", pending)
+        with contextlib.suppress(StoreUnavailable):
+            await gate.replay_journal()
+
+    async def on_control(operation: str, call_id: str) -> None:
+        if operation == "hangup":
+            await hang_up_local_call(state, call_id)
+
+    return [
+        asyncio.create_task(gate.maintain(), name="spend:maintain"),
+        asyncio.create_task(channel.listen(on_control), name="control:listen"),
+    ]
+
+
+async def stop_spend_services(state: GatewayState, tasks: list[asyncio.Task[None]]) -> None:
+    """Stop the tasks, close Redis clients, stop the embedded Redis."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if state.control_channel is not None:
+        await state.control_channel.aclose()
+    if state.redis is not None:
+        await state.redis.aclose()
+    if state.embedded_redis is not None:
+        await asyncio.to_thread(state.embedded_redis.stop)
 
 
 def create_app(config: GatewayConfig | None = None) -> Starlette:
@@ -77,6 +174,7 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
                 base_url=config.twilio_api_base_url,
             )
             state.twilio_call_control = control
+        spend_tasks = await start_spend_services(state)
         gc.collect()
         gc.freeze()
         log.info(
@@ -91,6 +189,7 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
             await asyncio.gather(*(c.end(SessionEndReason.SHUTDOWN) for c in calls))
         if control is not None:
             await control.aclose()
+        await stop_spend_services(state, spend_tasks)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse(
@@ -98,6 +197,8 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
                 "status": "ok",
                 "version": VERSION,
                 "active_calls": len(state.calls),
+                "node": state.config.spend.node_id,
+                "redis": "embedded" if state.embedded_redis is not None else "external",
                 "twilio_signatures": "enforced"
                 if state.config.signatures_enforced
                 else "disabled (dev mode: TWILIO_AUTH_TOKEN not set)",
@@ -112,7 +213,10 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/twilio/voice", twilio_voice, methods=["GET", "POST"]),
+            Route("/twilio/status", twilio_status, methods=["POST"]),
             WebSocketRoute("/twilio/stream", twilio_stream),
+            *api_routes(),
+            *dashboard_routes(),
         ],
         lifespan=lifespan,
     )

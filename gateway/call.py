@@ -4,9 +4,11 @@ One ``Call`` exists per live media stream. It is provider-neutral: a trunk
 adapter feeds it :mod:`trunk.events` and gives it a ``CallEdge`` to send
 commands back. The sans-I/O parts (transforms, ``PlayoutBuffer``, ``Pacer``)
 do the work; this module is the asyncio glue. It owns two tasks (the brain
-connection and the pacer), an optional grace watchdog, and one short task per
-tool call in flight; ``end()`` leaves none behind. The endpointer decides the
-caller's turns and the tool registry answers the brain's proposals.
+connection and the pacer), an optional grace watchdog, the spend meter when
+the call is metered, and one short task per tool call in flight; ``end()``
+leaves none behind. The reflex loop decides the caller's turns, the tool
+registry answers the brain's proposals, and the call's :class:`CallSpend`
+extends its reservation, ends it when money or time runs out, and settles it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from brains.tap import (
@@ -43,7 +45,7 @@ from brains.tap import (
 from brains.tool_catalog import TOOL_CATALOG
 from gateway.call_trail import CallTrail
 from gateway.config import GatewayConfig
-from gateway.event_bus import EventBus
+from gateway.event_bus import CallEvent, EventBus
 from gateway.metrics import GatewayMetrics
 from gateway.reflex import ClearProvider, ReflexAction, ReflexLoop, WakePacer
 from gateway.tap_client import TapClient
@@ -54,7 +56,9 @@ from media.pacer import Pacer, PacerState
 from media.playout import PlayoutBuffer
 from media.transform import InboundTransform, OutboundTransform
 from media.vad import SPEECH_THRESHOLD, make_detector
-from trunk.call_control import CallControlFailure, ProviderCallControl
+from spend.gate import CallSpend
+from spend.store import StoreUnavailable
+from trunk.call_control import CallControlFailure, ProviderCallControl, SupportsGoodbye
 from trunk.events import (
     AudioReceived,
     ClearPlayback,
@@ -78,6 +82,20 @@ log = logging.getLogger(__name__)
 DRAIN_LEAD_MS = 10.0
 #: How often the grace watchdog looks at the brain's state (when a grace period is set).
 GRACE_CHECK_INTERVAL_S = 0.25
+#: Event types that become durable receipts in Redis (beside the in-memory trail):
+#: admission, spend, tools, brain errors, the turn decisions and barge-ins, the end.
+RECEIPT_STAGES = frozenset({"call", "tool", "brain", "spend"})
+RECEIPT_REFLEX_TYPES = frozenset(
+    {"turn_ended", "barge_in_confirmed", "barge_in_resumed", "answer_cut"}
+)
+#: Receipts buffered between flushes; beyond it the oldest are dropped (counted).
+#: Seed decision: a flush happens every spend tick (1 s), far below this.
+MAX_PENDING_RECEIPTS = 256
+#: Spend end reasons (the meter's) and the session_end reason the brain gets for each.
+SPEND_END_REASONS = {
+    "budget_exhausted": SessionEndReason.BUDGET_EXHAUSTED,
+    "max_duration": SessionEndReason.MAX_DURATION,
+}
 
 
 def _fire(waiter: asyncio.Future[bool]) -> None:
@@ -113,9 +131,18 @@ class Call:
         edge: CallEdge,
         call_control: ProviderCallControl | None = None,
         clock_ms: Callable[[], float] = monotonic_ms,
+        spend: CallSpend | None = None,
+        goodbye_text: str | None = None,
     ) -> None:
         self.context = started.call
         self.session_id = "ses_" + secrets.token_hex(8)
+        #: The public call id (``call_…``) when the spend gate admitted the call.
+        self.call_id = spend.call_id if spend is not None else None
+        #: This call's spend (None: not metered, e.g. unit tests of the media path).
+        self.spend = spend
+        self._goodbye_text = goodbye_text
+        self._pending_receipts: list[dict[str, str | int | float | bool | None]] = []
+        self.receipts_dropped = 0
         self.tap_url = tap_url
         self._config = config
         self._metrics = metrics
@@ -151,6 +178,8 @@ class Call:
         self.trail = CallTrail(self.session_id)
         self.bus.subscribe(self.trail.on_event)
         self.bus.subscribe(metrics.on_call_event)
+        if spend is not None:
+            self.bus.subscribe(self._keep_receipt)
         self.reflex = ReflexLoop(
             playout=self.playout,
             pacer=self.pacer,
@@ -181,6 +210,10 @@ class Call:
 
     # ---- lifecycle ----------------------------------------------------------
 
+    def clock_ms(self) -> float:
+        """The call's clock (monotonic ms unless a test gave another)."""
+        return self._clock_ms()
+
     @property
     def tasks(self) -> tuple[asyncio.Task[None], ...]:
         """The asyncio tasks this call owns (all done after ``end()``)."""
@@ -195,6 +228,8 @@ class Call:
         self._tasks.append(asyncio.create_task(self._pace(), name=f"{label}:pacer"))
         if self._config.brain_grace_ms > 0:
             self._tasks.append(asyncio.create_task(self._watch_grace(), name=f"{label}:grace"))
+        if self.spend is not None:
+            self._tasks.append(asyncio.create_task(self._meter(), name=f"{label}:spend"))
         self._metrics.call_tasks.inc(len(self._tasks))
         self.bus.publish(
             "call",
@@ -240,6 +275,8 @@ class Call:
             self._metrics.call_tasks.dec(len(self._tasks))
             self._metrics.active_calls.dec()
             self._report_underruns()
+            if self.spend is not None:
+                await self._settle(reason)
             self.ended.set()
             log.info(
                 "call %s ended (%s): %.1fs, frames in=%d to_brain=%d out=%d, "
@@ -394,9 +431,11 @@ class Call:
             )
         elif isinstance(event, Bye):
             log.info("call %s: brain said bye (%.64s)", self.session_id, event.reason)
-        elif isinstance(event, Usage | AdvisorySpeechStarted | AdvisorySpeechStopped):
-            # Advisory only: the core owns turns (doctrine 1). Usage feeds the spend
-            # gate once it exists; for now it is counted.
+        elif isinstance(event, Usage):
+            if self.spend is not None:
+                self.spend.on_usage(event, round(self._clock_ms()))
+        elif isinstance(event, AdvisorySpeechStarted | AdvisorySpeechStopped):
+            # Advisory only: the core owns turns (doctrine 1).
             pass
 
     # ---- tools ----------------------------------------------------------------
@@ -472,6 +511,98 @@ class Call:
             )
         self._hanging_up = True
         return ToolOutcome(ToolStatus.OK, {"channel": channel}, "ok")
+
+    # ---- spend ----------------------------------------------------------------
+
+    async def _meter(self) -> None:
+        """Every tick: extend the reservation, renew the lease, end the call when told."""
+        spend = self.spend
+        assert spend is not None
+        tick_s = spend.gate.policy.tick_ms / 1000.0
+        while True:
+            await asyncio.sleep(tick_s)
+            end = await spend.tick(round(self._clock_ms()), publish=self._publish_spend)
+            await self._flush_receipts()
+            if end is not None:
+                await self._end_for_money(end.reason)
+                return
+
+    def _publish_spend(self, type_: str, payload: Mapping[str, int | str]) -> None:
+        self.bus.publish("spend", type_, payload)
+
+    async def _end_for_money(self, reason: str) -> None:
+        """Money or time ran out: tell the brain why, then end the provider leg."""
+        assert self.spend is not None
+        snap = self.spend.snapshot(round(self._clock_ms()))
+        self.bus.publish(
+            "spend",
+            "limit_reached",
+            {"reason": reason, "cost": snap.cost, "reserved": snap.reserved},
+        )
+        log.info(
+            "call %s: ending (%s) at cost %d micros of %d reserved",
+            self.session_id,
+            reason,
+            snap.cost,
+            snap.reserved,
+        )
+        self._hanging_up = True
+        await self.end(SPEND_END_REASONS.get(reason, SessionEndReason.BUDGET_EXHAUSTED))
+        await self.hang_up_provider(self._goodbye_text, reason=reason)
+
+    async def hang_up_provider(self, goodbye: str | None = None, *, reason: str) -> None:
+        """End the provider leg: a short goodbye and hang-up through call control when
+        configured, a plain REST hang-up, or else close the media stream."""
+        control = self._call_control
+        try:
+            if control is None:
+                await self._edge.close(reason)
+            elif goodbye and isinstance(control, SupportsGoodbye):
+                await control.say_and_hang_up(self.context.call_id, goodbye)
+            else:
+                await control.hang_up(self.context.call_id)
+        except CallControlFailure as exc:
+            if exc.reason != "already_ended":
+                log.warning(
+                    "call %s: provider hang-up failed (%s); closing the media stream",
+                    self.session_id,
+                    exc.reason,
+                )
+            await self._edge.close(reason)
+
+    def _keep_receipt(self, event: CallEvent) -> None:
+        if event.stage not in RECEIPT_STAGES and not (
+            event.stage == "reflex" and event.type in RECEIPT_REFLEX_TYPES
+        ):
+            return
+        if len(self._pending_receipts) >= MAX_PENDING_RECEIPTS:
+            self._pending_receipts.pop(0)
+            self.receipts_dropped += 1
+        self._pending_receipts.append(
+            {"at_ms": event.at_ms, "stage": event.stage, "type": event.type, **event.payload}
+        )
+
+    async def _flush_receipts(self) -> None:
+        """Write buffered receipts to Redis (best effort: kept for the next flush if down)."""
+        spend = self.spend
+        if spend is None or not self._pending_receipts:
+            return
+        store = spend.gate.store
+        while self._pending_receipts:
+            try:
+                ok = await store.add_receipt(spend.call_id, self._pending_receipts[0])
+            except (ValueError, StoreUnavailable):
+                ok = False
+            if not ok:
+                return
+            self._pending_receipts.pop(0)
+
+    async def _settle(self, reason: SessionEndReason) -> None:
+        spend = self.spend
+        assert spend is not None
+        actual = await spend.settle(round(self._clock_ms()), reason.value)
+        self.bus.publish("spend", "settled", {"actual": actual, "reason": reason.value})
+        await self._flush_receipts()
 
     # ---- the pacer ----------------------------------------------------------
 

@@ -22,6 +22,7 @@ from gateway.reflex import (
     RESUME_MS,
     ReflexConfig,
 )
+from gateway.spend_settings import SpendConfigError, SpendSettings
 from gateway.tap_allowlist import TapUrlAllowlist
 from gateway.tool_registry import (
     DEFAULT_CALLS_PER_CALL,
@@ -170,6 +171,8 @@ class GatewayConfig:
     reflex: ReflexConfig = field(default_factory=ReflexConfig)
     vad: str = DEFAULT_DETECTOR
     echo_canceller: bool = False
+    #: The spend gate, REST API and Redis settings (gateway/spend_settings.py).
+    spend: SpendSettings = field(default_factory=SpendSettings)
 
     @property
     def twilio_rest_enabled(self) -> bool:
@@ -260,7 +263,12 @@ class GatewayConfig:
                 env, "RUTSTER_TOOL_RESULT_MAX_BYTES", DEFAULT_RESULT_MAX_BYTES, minimum=64
             ),
         )
+        try:
+            spend = SpendSettings.from_env(env)
+        except SpendConfigError as exc:
+            raise ConfigError(str(exc)) from None
         return cls(
+            spend=spend,
             public_url=public_url,
             tap_url=tap_url,
             tap_allowlist=allowlist,

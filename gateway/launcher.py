@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -129,13 +130,19 @@ def gateway_process(
 ) -> Iterator[Service]:
     """The gateway (``rutster serve``) under uvicorn in its own process."""
     port = port or free_port()
-    service = spawn(
-        ["serve", "--host", LOOPBACK, "--port", str(port), "--log-level", "warning"],
-        port=port,
-        env={"RUTSTER_PUBLIC_URL": f"http://{LOOPBACK}:{port}", **env},
-        quiet=quiet,
-    )
-    try:
-        yield service
-    finally:
-        service.stop()
+    with tempfile.TemporaryDirectory(prefix="rutster-gateway-") as data_dir:
+        service = spawn(
+            ["serve", "--host", LOOPBACK, "--port", str(port), "--log-level", "warning"],
+            port=port,
+            # Each process its own data folder (embedded Redis, spend journal) unless given.
+            env={
+                "RUTSTER_PUBLIC_URL": f"http://{LOOPBACK}:{port}",
+                "RUTSTER_DATA_DIR": data_dir,
+                **env,
+            },
+            quiet=quiet,
+        )
+        try:
+            yield service
+        finally:
+            service.stop()

@@ -138,6 +138,34 @@ class GatewayMetrics:
             buckets=PACER_LATENESS_BUCKETS,
             registry=r,
         )
+        self.admissions = Counter(
+            "rutster_admissions",
+            "Spend-gate admission decisions, by outcome and reason",
+            ["outcome", "reason"],
+            registry=r,
+        )
+        self.spend_settled_micros = Counter(
+            "rutster_spend_settled_micros",
+            "Actual cost settled for ended calls (micro-USD)",
+            registry=r,
+        )
+        self.spend_limit_ends = Counter(
+            "rutster_spend_limit_ends",
+            "Calls ended by the spend gate, by reason (budget_exhausted, max_duration)",
+            ["reason"],
+            registry=r,
+        )
+        self.api_auth_failures = Counter(
+            "rutster_api_auth_failures", "REST API requests with an unknown key", registry=r
+        )
+        self.api_rate_limited = Counter(
+            "rutster_api_rate_limited", "REST API requests refused by the rate limit", registry=r
+        )
+        self.api_store_unavailable = Counter(
+            "rutster_api_store_unavailable",
+            "REST API requests answered 503 because Redis was unreachable",
+            registry=r,
+        )
 
     def on_call_event(self, event: CallEvent) -> None:
         """Event-bus subscriber: count what the calls' buses carry."""
@@ -151,5 +179,11 @@ class GatewayMetrics:
             self.barge_ins.labels(kind.removeprefix("barge_in_")).inc()
         elif kind == "answer_cut":
             self.barge_ins.labels("answer_cut").inc()
+        elif kind == "limit_reached":
+            self.spend_limit_ends.labels(str(payload["reason"])).inc()
+        elif kind == "settled":
+            actual = payload["actual"]
+            if isinstance(actual, int) and actual > 0:
+                self.spend_settled_micros.inc(actual)
         elif kind == "tool_call":
             self.tool_calls.labels(str(payload["tool"]), str(payload["status"])).inc()

@@ -1,15 +1,26 @@
-"""What one gateway app holds while it runs: config, metrics, live calls."""
+"""What one gateway app holds while it runs: config, metrics, live calls, the spend services."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.call import Call
 from gateway.call_trail import CallTrail
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from trunk.call_control import ProviderCallControl
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from gateway.api.api_keys import AdminKey, ApiKeyStore
+    from gateway.api.rate_limit import RateLimiter
+    from gateway.control_channel import ControlChannel
+    from spend.embedded_redis import EmbeddedRedis
+    from spend.gate import SpendGate
+    from spend.store import SpendStore
 
 #: Trails of ended calls kept in memory for inspection. Seed decision: the last
 #: few hundred calls; durable receipts are the spend gate's ledger (Redis).
@@ -18,14 +29,41 @@ MAX_RECENT_TRAILS = 500
 
 @dataclass
 class GatewayState:
-    """Shared by every handler of one app (``app.state.gateway``)."""
+    """Shared by every handler of one app (``app.state.gateway``).
+
+    The spend services (Redis client, store, gate, keys, rate limiter) are set
+    by the app's startup; they are None only before it ran.
+    """
 
     config: GatewayConfig
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     calls: dict[str, Call] = field(default_factory=dict)
+    #: The same live calls by public call id (``call_…``), for the API and control messages.
+    calls_by_id: dict[str, Call] = field(default_factory=dict)
     #: Twilio REST call control (None without TWILIO_ACCOUNT_SID + auth token).
     twilio_call_control: ProviderCallControl | None = None
     recent_trails: OrderedDict[str, CallTrail] = field(default_factory=OrderedDict)
+    redis: Redis | None = None
+    embedded_redis: EmbeddedRedis | None = None
+    spend_store: SpendStore | None = None
+    spend_gate: SpendGate | None = None
+    api_keys: ApiKeyStore | None = None
+    admin_key: AdminKey | None = None
+    rate_limiter: RateLimiter | None = None
+    control_channel: ControlChannel | None = None
+
+    def add_call(self, call: Call) -> None:
+        """Register a live call."""
+        self.calls[call.session_id] = call
+        if call.call_id is not None:
+            self.calls_by_id[call.call_id] = call
+
+    def remove_call(self, call: Call) -> None:
+        """Forget an ended call, keeping its trail."""
+        self.calls.pop(call.session_id, None)
+        if call.call_id is not None:
+            self.calls_by_id.pop(call.call_id, None)
+        self.remember_trail(call.trail)
 
     def remember_trail(self, trail: CallTrail) -> None:
         """Keep an ended call's trail, dropping the oldest beyond the bound."""

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import os
+import secrets
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -18,20 +22,71 @@ from gateway.config import GatewayConfig
 from gateway.launcher import LOOPBACK, free_port
 from gateway.reflex import ReflexConfig
 from gateway.server import uvicorn_config
+from gateway.spend_settings import SpendSettings
 from gateway.state import GatewayState
 from gateway.tap_allowlist import TapUrlAllowlist
+from spend.embedded_redis import EmbeddedRedis
 from trunk.twilio.simulator import read_wav_8k
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SPEECH_WAV = FIXTURES / "audio" / "caller_speech_8k.wav"
 #: Auth token used by in-process gateways (the simulator signs with it).
 TEST_AUTH_TOKEN = "test-auth-token-0123456789"
+#: The admin API key of in-process gateways.
+TEST_ADMIN_KEY = "test-admin-key-0123456789abcdef"
 
 
 @pytest.fixture(scope="session")
 def speech_pcm() -> bytes:
     """The 30 s recorded-speech fixture, PCM16 8 kHz mono."""
     return read_wav_8k(SPEECH_WAV)
+
+
+_suite_redis: EmbeddedRedis | None = None
+
+
+def suite_redis_url() -> str:
+    """The run's shared Redis: ``REDIS_URL`` when set, else one embedded server
+    started on first use and stopped at exit (tests isolate by key prefix)."""
+    global _suite_redis
+    url = os.environ.get("REDIS_URL", "").strip()
+    if url:
+        return url
+    if _suite_redis is None:
+        server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="rutster-suite-redis-")))
+        server.start()
+        atexit.register(server.stop)
+        _suite_redis = server
+    return _suite_redis.url
+
+
+def unique_prefix() -> str:
+    """A Redis key prefix no other test uses."""
+    return "t" + secrets.token_hex(6)
+
+
+def spend_settings(**overrides: Any) -> SpendSettings:
+    """Spend settings on the suite's Redis under a prefix of the test's own."""
+    values: dict[str, Any] = {
+        "redis_url": suite_redis_url(),
+        "redis_prefix": unique_prefix(),
+        "data_dir": Path(tempfile.mkdtemp(prefix="rutster-data-")),
+        "admin_key": TEST_ADMIN_KEY,
+    }
+    values.update(overrides)
+    return SpendSettings(**values)
+
+
+@pytest.fixture(scope="session")
+def redis_server_url() -> str:
+    """The run's shared Redis (see :func:`suite_redis_url`)."""
+    return suite_redis_url()
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    """A key prefix of this test's own, so tests sharing one Redis never see each other."""
+    return unique_prefix()
 
 
 @pytest.fixture
@@ -85,6 +140,7 @@ def gateway_config(tap_url: str, *, barge_in: bool = True, **overrides: Any) -> 
     allow = overrides.pop("allow", "")
     if not barge_in:
         overrides["reflex"] = ReflexConfig(barge_in=False)
+    overrides.setdefault("spend", spend_settings())
     return GatewayConfig(
         tap_url=tap_url,
         tap_allowlist=TapUrlAllowlist.parse(allow, default=tap_url),

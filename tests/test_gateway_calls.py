@@ -39,6 +39,7 @@ from tests.conftest import (
     eventually,
     gateway_config,
     serve_gateway,
+    spend_settings,
 )
 from trunk.twilio.simulator import (
     StreamInstructions,
@@ -368,8 +369,11 @@ def test_dev_mode_is_loud() -> None:
         stream_secret_generated=False,
         public_url="https://gw.example.com",
         twilio_account_sid="AC" + "0" * 32,
+        spend=spend_settings(),
     )
     assert startup_warnings(secure) == []
+    no_admin = replace(secure, spend=spend_settings(admin_key=None))
+    assert any("RUTSTER_ADMIN_KEY" in w for w in startup_warnings(no_admin))
     without_rest = replace(secure, twilio_account_sid=None)
     assert any("TWILIO_ACCOUNT_SID" in w for w in startup_warnings(without_rest))
 

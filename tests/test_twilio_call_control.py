@@ -453,7 +453,8 @@ async def test_fake_missing_auth_is_twilio_401(fake: FakeTwilioRest) -> None:
 
 
 UNKNOWN_ROUTES = [
-    ("POST", f"/2010-04-01/Accounts/{ACCOUNT_SID}/Calls.json"),  # create: not implemented
+    ("GET", f"/2010-04-01/Accounts/{ACCOUNT_SID}/Calls.json"),  # listing: not implemented
+    ("POST", f"/2010-04-01/Accounts/{'AC' + '9' * 32}/Calls.json"),  # create, another account
     ("GET", _call_path()),
     ("DELETE", _call_path()),
     ("POST", "/"),

@@ -20,8 +20,8 @@ def test_param_name() -> None:
 
 
 def test_token_is_domain_separated_hmac_sha256_base64url() -> None:
-    token = StreamTokenSigner(SECRET).issue(CALL, TAP)
-    message = b"rutster-stream-v1\n" + CALL.encode() + b"\n" + TAP.encode()
+    token = StreamTokenSigner(SECRET).issue(CALL, TAP, "call_1|acme")
+    message = b"rutster-stream-v1\n" + CALL.encode() + b"\n" + TAP.encode() + b"\ncall_1|acme"
     digest = hmac.new(SECRET, message, hashlib.sha256).digest()
     assert token == base64.urlsafe_b64encode(digest).decode().rstrip("=")
     assert len(token) == 43 and "=" not in token
@@ -47,8 +47,19 @@ def test_field_boundary_cannot_be_shifted() -> None:
     signer = StreamTokenSigner(SECRET)
     with pytest.raises(ValueError):
         signer.issue("CA1\nwss://a", "b")
-    token = signer.issue("CA1", "wss://a\nb")
-    assert not signer.verify(token, "CA1\nwss://a", "b")
+    with pytest.raises(ValueError):
+        signer.issue("CA1", "wss://a\nb")
+    token = signer.issue("CA1", "wss://a", "b\nc")
+    assert not signer.verify(token, "CA1", "wss://a\nb", "c")
+    assert signer.verify(token, "CA1", "wss://a", "b\nc")
+
+
+def test_binds_the_admission_context() -> None:
+    signer = StreamTokenSigner(SECRET)
+    token = signer.issue(CALL, TAP, "call_ab|acme|60|500000")
+    assert signer.verify(token, CALL, TAP, "call_ab|acme|60|500000")
+    assert not signer.verify(token, CALL, TAP, "call_ab|acme|60|900000")
+    assert not signer.verify(token, CALL, TAP)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,8 @@ import pytest
 from twilio.twiml.voice_response import Connect, VoiceResponse
 
 from trunk.twilio.twiml import (
+    MAX_INLINE_TWIML_CHARS,
+    MAX_SAY_CHARS,
     XML_DECLARATION,
     TransferDestination,
     TransferKind,
@@ -204,6 +206,26 @@ def test_reject_default_and_bad_reason() -> None:
 def test_empty_say_is_refused(message: str) -> None:
     with pytest.raises(ValueError):
         say_hangup_twiml(message)
+
+
+@pytest.mark.parametrize("char", ["&", "<", ">", "a", "😀"])
+def test_longest_say_fits_inline_twiml(char: str) -> None:
+    """Even the worst-escaping text of the maximum length can be sent as ``Twiml=``."""
+    document = say_hangup_twiml(char * MAX_SAY_CHARS)
+    assert len(document) <= MAX_INLINE_TWIML_CHARS
+    say = _parse(document).find("Say")
+    assert say is not None and say.text == char * MAX_SAY_CHARS
+    with pytest.raises(ValueError):
+        say_hangup_twiml(char * (MAX_SAY_CHARS + 1))
+
+
+def test_say_hangup_shape() -> None:
+    assert _shape(_parse(say_hangup_twiml("Sorry, we cannot take your call."))) == (
+        "Response",
+        {},
+        None,
+        [("Say", {}, "Sorry, we cannot take your call.", []), ("Hangup", {}, None, [])],
+    )
 
 
 # ---- transfer (<Dial>) ----------------------------------------------------------------

@@ -7,7 +7,7 @@ talks to this protocol and each trunk adapter supplies an implementation.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 #: Channel state reported after a successful hang-up.
 CHANNEL_COMPLETED = "completed"
@@ -36,3 +36,11 @@ class ProviderCallControl(Protocol):
 
     async def transfer(self, call_id: str, destination: str) -> str:
         """Connect the caller to ``destination`` (E.164 or SIP URI) instead of the brain."""
+
+
+@runtime_checkable
+class SupportsGoodbye(Protocol):
+    """Call control that can play a short spoken goodbye, then hang up (Twilio: ``<Say>``)."""
+
+    async def say_and_hang_up(self, call_id: str, text: str) -> str:
+        """Speak ``text`` to the caller, then end the call; return the channel state."""

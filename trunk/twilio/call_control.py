@@ -1,13 +1,17 @@
-"""Twilio call control over the REST API: hang up or redirect a live call.
+"""Twilio call control over the REST API: place, cancel, hang up or redirect calls.
 
-``POST {base}/2010-04-01/Accounts/{AccountSid}/Calls/{CallSid}.json`` with HTTP
-Basic ``AccountSid:AuthToken`` and a form body: ``Status=completed`` hangs up an
-answered call, ``Twiml=<Response>…</Response>`` replaces what the call is doing
-(a transfer is a redirect to ``<Dial>``). PROVIDERS.md §1.6; field names as in
-twilio-python's ``CallContext.update``.
+``POST {base}/2010-04-01/Accounts/{AccountSid}/Calls.json`` creates an outbound
+call: Twilio dials ``To`` from ``From`` and, once answered, fetches TwiML from
+``Url`` (our voice webhook). ``POST …/Calls/{CallSid}.json`` modifies a call:
+``Status=canceled`` ends a queued/ringing call, ``Status=completed`` hangs up a
+call in any state, ``Twiml=<Response>…</Response>`` replaces what the call is
+doing (a transfer is a redirect to ``<Dial>``). HTTP Basic
+``AccountSid:AuthToken``, form bodies. PROVIDERS.md §1.6; field names as in
+twilio-python's ``CallList.create`` and ``CallContext.update``.
 
 Every failure is a :class:`CallControlError` with a stable ``reason``. The auth
-token never appears in a message, a log line or ``repr``.
+token never appears in a message, a log line or ``repr``; phone numbers are not
+logged either.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -22,8 +27,14 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from trunk.call_control import CHANNEL_TRANSFERRING, CallControlFailure
-from trunk.twilio.twiml import transfer_twiml
+from trunk.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRING, CallControlFailure
+from trunk.twilio.twiml import (
+    E164_PATTERN,
+    MAX_INLINE_TWIML_CHARS,
+    parse_transfer_destination,
+    say_hangup_twiml,
+    transfer_twiml,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +54,31 @@ CALL_SID_PATTERN = re.compile(r"CA[0-9a-fA-F]{32}")
 #: Account SID shape: ``AC`` + 32 hex digits (Twilio OpenAPI spec, ``AccountSid`` pattern).
 ACCOUNT_SID_PATTERN = re.compile(r"AC[0-9a-fA-F]{32}")
 
-#: Form values for ``Status`` (twilio-python ``CallInstance.UpdateStatus``).
+#: Form values for ``Status`` (twilio-python ``CallInstance.UpdateStatus``). ``canceled``
+#: "will attempt to hang up calls that are queued or ringing but not affect calls already in
+#: progress"; ``completed`` "will attempt to hang up a call even if it's already in progress"
+#: (Twilio "Modifying live calls", /docs/api/rest/change-call-state).
 STATUS_COMPLETED = "completed"
+STATUS_CANCELED = "canceled"
+#: Call statuses of a call that has not ended yet (Twilio Call resource ``status`` values).
+LIVE_STATUSES = frozenset({"queued", "ringing", "in-progress"})
+
+#: HTTP method we ask Twilio to use for ``Url`` and ``StatusCallback``: POST carries the
+#: fields in a signed form body (PROVIDERS.md §1.1; Twilio's default is POST too).
+WEBHOOK_METHOD = "POST"
+#: Every call-progress event we subscribe to, in Twilio's order (twilio-python
+#: ``status_callback_event``: "initiated, ringing, answered, and completed").
+STATUS_CALLBACK_EVENTS = ("initiated", "ringing", "answered", "completed")
+#: ``Timeout`` bounds: seconds Twilio lets the phone ring; "the default is 60 seconds and the
+#: maximum is 600 seconds" (twilio-python ``CallList.create`` docstring).
+MAX_RING_TIMEOUT_S = 600
+#: Largest ``TimeLimit`` we send: 24 hours, the longest call Twilio allows (TwiML ``<Dial
+#: timeLimit>``: "default 14400 seconds (4 hours), maximum 24 hours") and the REST API's
+#: ``limits.max_duration_s`` ceiling (design.md).
+MAX_TIME_LIMIT_S = 86_400
+#: Longest ``Url``/``StatusCallback`` we send. Seed decision: the practical URL length
+#: limit of common HTTP stacks; ours are a host and a short path.
+MAX_URL_CHARS = 2048
 
 #: Twilio error code for "the requested resource was not found": the call is gone
 #: (PROVIDERS.md §1.6, pipecat's Twilio transport).
@@ -64,8 +98,9 @@ class CallControlError(CallControlFailure):
     """A call-control request failed; ``reason`` is a short stable label.
 
     Reasons: ``bad_config`` (malformed account SID, empty token or bad base URL),
-    ``bad_call_sid``, ``bad_twiml`` (empty redirect TwiML), ``closed`` (used after
-    :meth:`TwilioCallControl.aclose`),
+    ``bad_call_sid``, ``bad_twiml`` (empty or over-long redirect TwiML),
+    ``bad_request`` (a malformed :meth:`TwilioCallControl.create_call` argument),
+    ``closed`` (used after :meth:`TwilioCallControl.aclose`),
     ``already_ended`` (404/20404 or 21220), ``auth_failed`` (401/403), ``timeout``,
     ``network``, ``http_error`` (any other status; see ``status_code`` and
     ``twilio_code``), ``bad_response`` (2xx without a call's ``sid``/``status``).
@@ -92,8 +127,16 @@ class CallUpdate:
     status: str
 
 
+@dataclass(frozen=True)
+class CreatedCall:
+    """The call Twilio created (``sid``, ``status`` of its JSON; ``queued`` at first)."""
+
+    sid: str
+    status: str
+
+
 class TwilioCallControl:
-    """Hang up or redirect live Twilio calls of one account.
+    """Place outbound calls and hang up, cancel or redirect Twilio calls of one account.
 
     Pass ``client`` to share an ``httpx.AsyncClient`` (it is then not closed
     here); otherwise one is created and closed by :meth:`aclose`.
@@ -140,9 +183,70 @@ class TwilioCallControl:
         """The account whose calls this controls."""
         return self._account_sid
 
+    async def create_call(
+        self,
+        *,
+        to: str,
+        from_: str,
+        url: str,
+        status_callback: str | None,
+        timeout_s: int | None = None,
+        time_limit_s: int | None = None,
+    ) -> CreatedCall:
+        """Have Twilio dial ``to`` from ``from_``; once answered it fetches TwiML from ``url``.
+
+        ``to`` is an E.164 number or a ``sip:``/``sips:`` URI, ``from_`` an E.164
+        number (a Twilio number or verified caller ID of the account), ``url`` our
+        voice webhook (absolute http(s); Twilio POSTs it). With ``status_callback``
+        Twilio POSTs every call-progress event (initiated, ringing, answered,
+        completed) there. ``timeout_s`` is how long to let it ring (1..600; Twilio's
+        default 60), ``time_limit_s`` Twilio's own hard cap on the call's length
+        (1..86400): a second line of defence behind our own enforcement.
+        Malformed arguments are ``bad_request`` failures, raised before any request.
+        """
+        form: dict[str, str | list[str]] = {
+            "To": _checked_to(to),
+            "From": _checked_from(from_),
+            "Url": _checked_url(url, "url"),
+            "Method": WEBHOOK_METHOD,
+        }
+        if status_callback is not None:
+            form["StatusCallback"] = _checked_url(status_callback, "status_callback")
+            form["StatusCallbackMethod"] = WEBHOOK_METHOD
+            form["StatusCallbackEvent"] = list(STATUS_CALLBACK_EVENTS)
+        if timeout_s is not None:
+            form["Timeout"] = str(_checked_seconds(timeout_s, "timeout_s", MAX_RING_TIMEOUT_S))
+        if time_limit_s is not None:
+            limit = _checked_seconds(time_limit_s, "time_limit_s", MAX_TIME_LIMIT_S)
+            form["TimeLimit"] = str(limit)
+        self._check_open()
+        try:
+            state = await self._post(self.calls_url(), form)
+        except CallControlError as exc:
+            logger.warning("twilio create of a call failed: %s", exc)
+            raise
+        if not CALL_SID_PATTERN.fullmatch(state.sid):
+            # The SID goes into later request paths and our records: never take junk.
+            raise CallControlError("bad_response", "Twilio's answer has a malformed call sid")
+        logger.info("twilio created call %s: status %s", state.sid, state.status)
+        return CreatedCall(sid=state.sid, status=state.status)
+
     async def hangup(self, call_sid: str) -> CallUpdate:
-        """End an answered call (``Status=completed``)."""
+        """End the call whatever its state (``Status=completed``)."""
         return await self._update(call_sid, {"Status": STATUS_COMPLETED}, action="hangup")
+
+    async def cancel_or_hang_up(self, call_sid: str) -> CallUpdate:
+        """End a call that may not be answered yet: cancel it, or hang up if it was answered.
+
+        ``Status=canceled`` ends a queued or ringing call as ``canceled`` (never
+        billed) but leaves an answered call alone, so when Twilio's answer shows the
+        call still live (answered meanwhile) this follows with ``Status=completed``.
+        A call already over is an ``already_ended`` failure, as for :meth:`hangup`.
+        """
+        update = await self._update(call_sid, {"Status": STATUS_CANCELED}, action="cancel")
+        if update.status in LIVE_STATUSES:
+            update = await self.hangup(call_sid)
+        return update
 
     async def redirect(self, call_sid: str, twiml: str) -> CallUpdate:
         """Make the call run ``twiml`` now, dropping what it was doing (``Twiml=``).
@@ -151,6 +255,10 @@ class TwilioCallControl:
         """
         if not twiml.strip():
             raise CallControlError("bad_twiml", "TwiML must not be empty")
+        if len(twiml) > MAX_INLINE_TWIML_CHARS:
+            raise CallControlError(
+                "bad_twiml", f"TwiML must be at most {MAX_INLINE_TWIML_CHARS} characters"
+            )
         return await self._update(call_sid, {"Twiml": twiml}, action="redirect")
 
     async def hang_up(self, call_id: str) -> str:
@@ -169,6 +277,15 @@ class TwilioCallControl:
             raise CallControlError("bad_destination", str(exc)) from None
         await self.redirect(call_id, twiml)
         return CHANNEL_TRANSFERRING
+
+    async def say_and_hang_up(self, call_id: str, text: str) -> str:
+        """:class:`~trunk.call_control.SupportsGoodbye`: ``<Say>`` a short goodbye, hang up."""
+        try:
+            twiml = say_hangup_twiml(text)
+        except ValueError as exc:
+            raise CallControlError("bad_twiml", str(exc)) from None
+        await self.redirect(call_id, twiml)
+        return CHANNEL_COMPLETED
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it. Idempotent."""
@@ -189,6 +306,10 @@ class TwilioCallControl:
     ) -> None:
         await self.aclose()
 
+    def calls_url(self) -> str:
+        """The account's Calls list URL (``POST`` creates a call)."""
+        return f"{self._base_url}/{TWILIO_API_VERSION}/Accounts/{self._account_sid}/Calls.json"
+
     def call_url(self, call_sid: str) -> str:
         """The call's REST resource URL; ``bad_call_sid`` unless ``call_sid`` is well-formed."""
         if not CALL_SID_PATTERN.fullmatch(call_sid):
@@ -198,10 +319,13 @@ class TwilioCallControl:
             f"/Calls/{call_sid}.json"
         )
 
-    async def _update(self, call_sid: str, form: dict[str, str], *, action: str) -> CallUpdate:
-        url = self.call_url(call_sid)
+    def _check_open(self) -> None:
         if self._closed or self._client.is_closed:
             raise CallControlError("closed", "call control (or its HTTP client) is closed")
+
+    async def _update(self, call_sid: str, form: dict[str, str], *, action: str) -> CallUpdate:
+        url = self.call_url(call_sid)
+        self._check_open()
         try:
             update = await self._post(url, form)
         except CallControlError as exc:
@@ -210,7 +334,8 @@ class TwilioCallControl:
         logger.info("twilio %s of call %s: status %s", action, call_sid, update.status)
         return update
 
-    async def _post(self, url: str, form: dict[str, str]) -> CallUpdate:
+    async def _post(self, url: str, form: Mapping[str, str | list[str]]) -> CallUpdate:
+        """POST ``form`` (a list value repeats its field); the call's ``sid``/``status``."""
         try:
             # Whole-request deadline; httpx's own timeout is per phase (connect, read…).
             async with asyncio.timeout(self._timeout_s):
@@ -272,3 +397,46 @@ def _json_object(response: httpx.Response) -> dict[str, Any]:
     except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are both ValueErrors
         return {}
     return body if isinstance(body, dict) else {}
+
+
+def _bad_request(message: str) -> CallControlError:
+    return CallControlError("bad_request", message)
+
+
+def _checked_to(to: str) -> str:
+    """``to`` if it is an E.164 number or a SIP URI (the same rule as a transfer target)."""
+    try:
+        parse_transfer_destination(to)
+    except ValueError:
+        raise _bad_request("to must be an E.164 number or a sip:/sips: URI") from None
+    return to
+
+
+def _checked_from(from_: str) -> str:
+    if not E164_PATTERN.fullmatch(from_):
+        raise _bad_request("from must be an E.164 number like +15551230000")
+    return from_
+
+
+def _checked_url(url: str, what: str) -> str:
+    """``url`` if it is an absolute http(s) URL Twilio can call (no credentials, no fragment)."""
+    if len(url) > MAX_URL_CHARS:
+        raise _bad_request(f"{what} must be at most {MAX_URL_CHARS} characters")
+    try:
+        split = urlsplit(url)
+        split.port  # noqa: B018 - reading the port is what validates it
+    except ValueError:
+        raise _bad_request(f"{what} is not a valid URL") from None
+    if split.scheme not in ("http", "https") or not split.hostname:
+        raise _bad_request(f"{what} must be an absolute http:// or https:// URL")
+    if split.fragment or "#" in url or "@" in split.netloc:
+        raise _bad_request(f"{what} must not carry a fragment or credentials")
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+        raise _bad_request(f"{what} must not contain spaces or control characters")
+    return url
+
+
+def _checked_seconds(value: int, what: str, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise _bad_request(f"{what} must be a whole number of seconds in 1..{maximum}")
+    return value

@@ -1,11 +1,15 @@
 """Twilio's HTTP and WebSocket endpoints: thin Starlette handlers around the sans-I/O pieces.
 
 - ``POST /twilio/voice`` (the number's voice webhook): check ``X-Twilio-Signature``,
-  choose the brain, answer TwiML ``<Connect><Stream>`` carrying the call context
-  and a per-call stream token.
+  choose the brain, admit the call through the spend gate (inbound) or find the
+  call placed through ``POST /v1/calls`` (``?rutster_call=``), then answer TwiML
+  ``<Connect><Stream>`` carrying the call context and a per-call stream token —
+  or ``<Reject>`` when the gate refused the call.
 - ``/twilio/stream`` (the media WebSocket): check the upgrade's signature when
   present, read ``connected``/``start``, verify the stream token *before* any
-  brain is dialled, then feed the ``Call`` until ``stop`` or close.
+  brain is dialled, then feed the metered ``Call`` until ``stop`` or close.
+- ``POST /twilio/status`` (status callbacks of calls we placed): a call that
+  never connected (busy, no answer, failed, canceled) is settled at zero.
 """
 
 from __future__ import annotations
@@ -22,8 +26,12 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from brains.tap import SessionEndReason
-from gateway.call import Call
+from gateway.call import Call, monotonic_ms
+from gateway.spend_context import PARAM_SPEND, BadSpendContext, SpendContext
 from gateway.state import GatewayState
+from spend.gate import Admission, AdmissionRequest, wall_ms
+from spend.meter import CallCaps
+from spend.store import StoreUnavailable
 from trunk.events import (
     IngressCommand,
     IngressProtocolError,
@@ -40,7 +48,7 @@ from trunk.twilio.codec import (
 )
 from trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
 from trunk.twilio.stream_token import StreamTokenSigner
-from trunk.twilio.twiml import connect_stream_twiml
+from trunk.twilio.twiml import connect_stream_twiml, reject_twiml, say_hangup_twiml
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +76,19 @@ MAX_CLOSE_REASON_CHARS = 120
 CLOSE_MESSAGE_TOO_BIG = 1009
 #: Sent by uvicorn to every WebSocket when the server shuts down.
 CLOSE_SERVICE_RESTART = 1012
+#: Query parameter of the voice-webhook and status-callback URLs naming a call
+#: placed through ``POST /v1/calls``.
+QUERY_CALL = "rutster_call"
+#: What a refused caller hears with ``RUTSTER_REFUSAL_RESPONSE=say``.
+REFUSAL_SAY_TEXT = "Sorry, this call cannot be taken right now. Goodbye."
+#: Twilio's final statuses of a call that never connected, and the end reason
+#: recorded for each (twilio.com/docs/voice/api/call-resource#call-status-values).
+UNCONNECTED_STATUSES = {
+    "busy": "busy",
+    "no-answer": "no_answer",
+    "failed": "failed",
+    "canceled": "canceled",
+}
 
 
 def _state(holder: Request | WebSocket) -> GatewayState:
@@ -124,14 +145,29 @@ async def twilio_voice(request: Request) -> Response:
         metrics.bad_messages.labels("twilio_webhook", "bad_call_sid").inc()
         return PlainTextResponse("missing or malformed CallSid", 400)
     to = fields.get("To", "")
-    tap_url = (
-        request.query_params.get(QUERY_BRAIN) or config.tap_url_by_number.get(to) or config.tap_url
-    )
+    placed = request.query_params.get(QUERY_CALL)
+    if placed is not None:
+        found = await _placed_call(state, placed, call_sid)
+        if isinstance(found, Response):
+            return found
+        context, tap_url = found
+    else:
+        tap_url = (
+            request.query_params.get(QUERY_BRAIN)
+            or config.tap_url_by_number.get(to)
+            or config.tap_url
+        )
     if not config.tap_allowlist.allows(tap_url):
         metrics.tap_url_rejections.inc()
         log.warning("voice webhook refused: brain URL not on the allowlist")
         return PlainTextResponse("brain URL not allowed", 403)
-    token = StreamTokenSigner(config.stream_secret).issue(call_sid, tap_url)
+    if placed is None:
+        admitted = await _admit_inbound(state, call_sid, fields, to, tap_url)
+        if isinstance(admitted, Response):
+            return admitted
+        context = admitted
+    spend = context.encode()
+    token = StreamTokenSigner(config.stream_secret).issue(call_sid, tap_url, spend)
     twiml = connect_stream_twiml(
         config.twilio_stream_url,
         {
@@ -139,10 +175,135 @@ async def twilio_voice(request: Request) -> Response:
             PARAM_TO: to,
             PARAM_DIRECTION: fields.get("Direction", "inbound"),
             PARAM_TAP_URL: tap_url,
+            PARAM_SPEND: spend,
             PARAM_TOKEN: token,
         },
     )
     return Response(twiml, media_type="text/xml")
+
+
+def _refusal_twiml(state: GatewayState) -> Response:
+    kind = state.config.spend.refusal_response
+    if kind == "say":
+        twiml = say_hangup_twiml(REFUSAL_SAY_TEXT)
+    else:
+        twiml = reject_twiml("busy" if kind == "busy" else "rejected")
+    return Response(twiml, media_type="text/xml")
+
+
+async def _admit_inbound(
+    state: GatewayState, call_sid: str, fields: dict[str, str], to: str, tap_url: str
+) -> SpendContext | Response:
+    """Ask the spend gate (a call that reached our webhook without the API placing
+    it); a refusal answers TwiML that turns the caller away."""
+    gate = state.spend_gate
+    assert gate is not None, "the spend gate starts with the app"
+    # A call the operator placed outside our API (Direction=outbound-api/-dial) is
+    # priced as outbound and belongs to the tenant of the number it comes from.
+    direction = "outbound" if fields.get("Direction", "").startswith("outbound") else "inbound"
+    own_number = fields.get("From", "") if direction == "outbound" else to
+    tenant = state.config.spend.tenant_for_number(own_number)
+    admission = await gate.admit(
+        AdmissionRequest(
+            tenant=tenant,
+            provider="twilio",
+            direction=direction,
+            caller=fields.get("From", "")[:64],
+            to=to[:64],
+            brain=tap_url,
+            provider_call_id=call_sid,
+        )
+    )
+    if not admission.admitted:
+        state.metrics.admissions.labels("refused", admission.reason).inc()
+        log.info("inbound call %s refused by the spend gate: %s", call_sid, admission.reason)
+        return _refusal_twiml(state)
+    state.metrics.admissions.labels("admitted", "degraded" if admission.degraded else "ok").inc()
+    return SpendContext(
+        admission.call_id,
+        tenant,
+        direction,
+        admission.caps.max_duration_s,
+        admission.caps.max_cost_micros,
+        admission.first_quantum,
+        admission.degraded,
+    )
+
+
+async def _placed_call(
+    state: GatewayState, call_id: str, call_sid: str
+) -> tuple[SpendContext, str] | Response:
+    """The call ``POST /v1/calls`` placed, now answered: its admission and brain."""
+    store = state.spend_store
+    assert store is not None
+    try:
+        record = await store.get_call(call_id) if call_id.startswith("call_") else None
+    except ValueError:
+        record = None
+    except StoreUnavailable:
+        log.warning("placed call %s answered while Redis is unreachable; hanging up", call_id)
+        return _refusal_twiml(state)
+    if (
+        record is None
+        or record["status"] != "admitted"
+        or record["direction"] != "outbound"
+        or record["provider_call_id"] not in ("", call_sid)
+    ):
+        state.metrics.bad_messages.labels("twilio_webhook", "unknown_placed_call").inc()
+        log.warning("voice webhook for an unknown or finished placed call; rejecting")
+        return _refusal_twiml(state)
+    context = SpendContext(
+        call_id,
+        record["tenant"],
+        "outbound",
+        record["max_duration_s"],
+        record["max_cost"],
+        record["reserved"],
+    )
+    return context, record["brain"]
+
+
+async def twilio_status(request: Request) -> Response:
+    """Status callbacks of placed calls: settle the ones that never connected."""
+    state = _state(request)
+    config = state.config
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body = await _read_body(request, MAX_WEBHOOK_BODY_BYTES)
+    if content_type != "application/x-www-form-urlencoded" or body is None:
+        state.metrics.bad_messages.labels("twilio_status", "bad_body").inc()
+        return PlainTextResponse("expected a form body", 400)
+    try:
+        params = parse_qsl(body.decode("utf-8"), keep_blank_values=True)
+    except (UnicodeDecodeError, ValueError):
+        state.metrics.bad_messages.labels("twilio_status", "bad_body").inc()
+        return PlainTextResponse("malformed form body", 400)
+    if config.twilio_auth_token is not None:
+        validator = TwilioSignatureValidator(config.twilio_auth_token)
+        url = _signed_url(
+            config.twilio_voice_url.removesuffix("/voice") + "/status", request.url.query
+        )
+        if not validator.validate(url, params, request.headers.get(SIGNATURE_HEADER)):
+            state.metrics.signature_failures.labels("status").inc()
+            return PlainTextResponse("invalid signature", 403)
+    fields = dict(params)
+    call_id = request.query_params.get(QUERY_CALL, "")
+    status = fields.get("CallStatus", "")
+    reason = UNCONNECTED_STATUSES.get(status)
+    if status == "completed" and call_id not in state.calls_by_id:
+        reason = "completed_unconnected"
+    if reason is None or not call_id.startswith("call_"):
+        return Response(status_code=204)
+    store = state.spend_store
+    gate = state.spend_gate
+    assert store is not None and gate is not None
+    try:
+        record = await store.get_call(call_id)
+        if record is not None and record["status"] == "admitted":
+            await gate.settle_unanswered(call_id, reason)
+            log.info("placed call %s ended before connecting: %s", call_id, status)
+    except (StoreUnavailable, ValueError):
+        return PlainTextResponse("try again", 503)
+    return Response(status_code=204)
 
 
 class TwilioEdge:
@@ -221,10 +382,19 @@ async def twilio_stream(websocket: WebSocket) -> None:
     params = started.custom_parameters
     tap_url = params.get(PARAM_TAP_URL) or config.tap_url
     signer = StreamTokenSigner(config.stream_secret)
-    if not signer.verify(params.get(PARAM_TOKEN), started.call.call_id, tap_url):
+    spend_text = params.get(PARAM_SPEND, "")
+    if not signer.verify(params.get(PARAM_TOKEN), started.call.call_id, tap_url, spend_text):
         metrics.stream_token_failures.inc()
         log.warning("media socket refused: invalid stream token")
         await _refuse(websocket, CLOSE_POLICY_VIOLATION, "invalid stream token")
+        return
+    try:
+        context = SpendContext.decode(spend_text)
+    except BadSpendContext as exc:
+        # A valid token over a bad context: only a gateway of another version does that.
+        metrics.bad_messages.labels("twilio", "bad_spend_context").inc()
+        log.warning("media socket refused: %s", exc)
+        await _refuse(websocket, CLOSE_POLICY_VIOLATION, "bad call context")
         return
     if not config.tap_allowlist.allows(tap_url):
         # Only reachable if the allowlist shrank since the webhook answered.
@@ -232,6 +402,27 @@ async def twilio_stream(websocket: WebSocket) -> None:
         await _refuse(websocket, CLOSE_POLICY_VIOLATION, "brain URL not allowed")
         return
     edge = TwilioEdge(websocket, codec)
+    gate = state.spend_gate
+    assert gate is not None, "the spend gate starts with the app"
+    spend = gate.open(
+        Admission(
+            context.call_id,
+            True,
+            "ok",
+            CallCaps(context.max_duration_s, context.max_cost),
+            context.first_quantum,
+            context.degraded,
+        ),
+        AdmissionRequest(
+            tenant=context.tenant,
+            provider="twilio",
+            direction=context.direction,
+            caller=started.call.from_,
+            to=started.call.to,
+            brain=tap_url,
+        ),
+        round(monotonic_ms()),
+    )
     call = Call(
         started,
         tap_url=tap_url,
@@ -239,8 +430,17 @@ async def twilio_stream(websocket: WebSocket) -> None:
         metrics=metrics,
         edge=edge,
         call_control=state.twilio_call_control,
+        spend=spend,
+        goodbye_text=config.spend.goodbye_text,
     )
-    state.calls[call.session_id] = call
+    state.add_call(call)
+    if state.spend_store is not None:
+        try:
+            await state.spend_store.update_call(
+                context.call_id, status="active", answered_ms=wall_ms()
+            )
+        except StoreUnavailable:
+            log.warning("call %s: Redis unreachable at answer; metering locally", call.call_id)
     reason = SessionEndReason.CALLER_HANGUP
     try:
         await call.start()
@@ -273,8 +473,7 @@ async def twilio_stream(websocket: WebSocket) -> None:
         raise
     finally:
         await call.end(reason)
-        state.calls.pop(call.session_id, None)
-        state.remember_trail(call.trail)
+        state.remove_call(call)
         await edge.close("call ended")
 
 

@@ -1,7 +1,10 @@
 """A Twilio simulator: plays Twilio's part of a phone call against a running gateway.
 
 It does what Twilio does for an inbound call on a number whose voice webhook
-points at the gateway (PROVIDERS.md §1): posts the signed voice webhook, reads
+points at the gateway (PROVIDERS.md §1), or for an outbound call created through
+the REST API once the callee answers (the webhook is then the call's ``Url``,
+with ``Direction=outbound-api``; :class:`SimulatedCallee` plays such callees for
+the FAKE REST API of :mod:`trunk.twilio.fake_rest`): posts the signed voice webhook, reads
 the TwiML ``<Connect><Stream>``, opens the media WebSocket (signed upgrade),
 sends ``connected``/``start`` and the caller's audio as 20 ms μ-law ``media``
 messages at real-time pace (or faster), and plays back what the gateway sends
@@ -26,6 +29,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -35,6 +40,9 @@ from websockets.exceptions import ConnectionClosed
 from media.g711 import ulaw_decode, ulaw_encode
 from trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
 
+if TYPE_CHECKING:
+    from trunk.twilio.fake_rest import CreatedFakeCall
+
 #: Twilio's caller audio: 20 ms of 8 kHz μ-law per ``media`` message (PROVIDERS.md §1.3).
 SIM_SAMPLE_RATE = 8_000
 SIM_FRAME_MS = 20
@@ -43,6 +51,13 @@ SIM_FRAME_BYTES = SIM_SAMPLE_RATE * SIM_FRAME_MS // 1000
 DEFAULT_TAIL_S = 1.5
 #: HTTP timeout for the webhook.
 WEBHOOK_TIMEOUT_S = 10.0
+#: ``Direction`` of the voice webhook (PROVIDERS.md §1.1): a call to one of our numbers,
+#: or a call we created through the REST API.
+DIRECTION_INBOUND = "inbound"
+DIRECTION_OUTBOUND_API = "outbound-api"
+#: ``CallStatus`` the voice webhook carries: an inbound call is still ringing when Twilio
+#: asks for TwiML; an outbound call's ``Url`` is fetched once the callee has answered.
+WEBHOOK_CALL_STATUS = {DIRECTION_INBOUND: "ringing", DIRECTION_OUTBOUND_API: "in-progress"}
 
 
 @dataclass(frozen=True)
@@ -258,17 +273,34 @@ class TwilioSimulator:
         self.auth_token = auth_token
         self.account_sid = account_sid or new_sid("AC")
 
+    def voice_url(self, query: str = "") -> str:
+        """The gateway's voice webhook URL, with ``query`` (as configured on the number)."""
+        return f"{self.public_url}/twilio/voice" + (f"?{query}" if query else "")
+
     async def post_voice_webhook(
         self, call_sid: str, *, from_: str, to: str, query: str = ""
     ) -> httpx.Response:
-        """POST the signed voice webhook, as Twilio does when the call arrives."""
-        url = f"{self.public_url}/twilio/voice" + (f"?{query}" if query else "")
+        """POST the signed voice webhook, as Twilio does when an inbound call arrives."""
+        return await self.post_webhook(
+            self.voice_url(query), call_sid, from_=from_, to=to, direction=DIRECTION_INBOUND
+        )
+
+    async def post_webhook(
+        self, url: str, call_sid: str, *, from_: str, to: str, direction: str
+    ) -> httpx.Response:
+        """POST the signed voice webhook to ``url`` (query string included: Twilio signs it).
+
+        ``direction`` is ``inbound`` (``CallStatus=ringing``) or ``outbound-api``
+        (``CallStatus=in-progress``: an outbound call's ``Url`` is fetched on answer).
+        """
+        if direction not in WEBHOOK_CALL_STATUS:
+            raise ValueError(f"direction must be one of {sorted(WEBHOOK_CALL_STATUS)}")
         params = {
             "AccountSid": self.account_sid,
             "ApiVersion": "2010-04-01",
             "CallSid": call_sid,
-            "CallStatus": "ringing",
-            "Direction": "inbound",
+            "CallStatus": WEBHOOK_CALL_STATUS[direction],
+            "Direction": direction,
             "From": from_,
             "To": to,
         }
@@ -281,14 +313,32 @@ class TwilioSimulator:
             )
 
     async def open_stream(
-        self, call_sid: str, *, from_: str, to: str, query: str = ""
+        self,
+        call_sid: str,
+        *,
+        from_: str,
+        to: str,
+        query: str = "",
+        webhook_url: str | None = None,
+        direction: str = DIRECTION_INBOUND,
     ) -> StreamInstructions:
         """Webhook → TwiML → the stream instructions (raises on a non-200 answer).
 
         ``query`` is added to the webhook URL, as an operator would configure it
         on the number (e.g. ``brain=wss://...`` to choose an allowlisted brain).
+        ``webhook_url`` replaces that URL (query string included), e.g. with an
+        outbound call's ``Url``; ``direction`` as for :meth:`post_webhook`.
         """
-        response = await self.post_voice_webhook(call_sid, from_=from_, to=to, query=query)
+        if webhook_url is not None and query:
+            raise ValueError("give the query inside webhook_url, not both")
+        if webhook_url is None and direction == DIRECTION_INBOUND:
+            # Through post_voice_webhook, so subclasses that override it keep working.
+            response = await self.post_voice_webhook(call_sid, from_=from_, to=to, query=query)
+        else:
+            url = webhook_url or self.voice_url(query)
+            response = await self.post_webhook(
+                url, call_sid, from_=from_, to=to, direction=direction
+            )
         if response.status_code != 200:
             raise RuntimeError(f"voice webhook answered {response.status_code}: {response.text}")
         return parse_connect_stream(response.text)
@@ -313,10 +363,15 @@ class TwilioSimulator:
         query: str = "",
         call_sid: str | None = None,
         provider_hangup: asyncio.Event | None = None,
+        webhook_url: str | None = None,
+        direction: str = DIRECTION_INBOUND,
     ) -> SimulatedCallResult:
         """Run one whole call: stream ``caller_pcm`` (PCM16 8 kHz) and record the answer.
 
-        ``query`` is added to the voice-webhook URL (see :meth:`open_stream`).
+        ``query`` is added to the voice-webhook URL (see :meth:`open_stream`);
+        ``webhook_url`` replaces that URL and ``direction`` says whose call it is
+        (see :meth:`post_voice_webhook`): an outbound call's callee is played with
+        the call's ``Url`` and ``outbound-api``.
         ``provider_hangup``, once set (e.g. by the fake Twilio REST server when the
         gateway hangs up through the REST API), ends the call early the way Twilio
         does: the caller's media stops and a ``stop`` event follows.
@@ -324,7 +379,14 @@ class TwilioSimulator:
         call_sid = call_sid or new_sid("CA")
         hangup = provider_hangup or asyncio.Event()
         stream_sid = new_sid("MZ")
-        instructions = await self.open_stream(call_sid, from_=from_, to=to, query=query)
+        instructions = await self.open_stream(
+            call_sid,
+            from_=from_,
+            to=to,
+            query=query,
+            webhook_url=webhook_url,
+            direction=direction,
+        )
         result = SimulatedCallResult(call_sid=call_sid, stream_sid=stream_sid)
         mulaw = ulaw_encode(caller_pcm)
         ws = await self.connect_media(instructions)
@@ -423,6 +485,67 @@ class TwilioSimulator:
                 task.cancel()
             if mark_tasks:
                 await asyncio.gather(*mark_tasks, return_exceptions=True)
+
+
+class SimulatedCallee:
+    """Plays the callee of outbound calls made through the FAKE Twilio REST API.
+
+    Set an instance as :attr:`trunk.twilio.fake_rest.FakeTwilioRest.on_answer`:
+    when a created call is answered it runs :meth:`TwilioSimulator.place_call`
+    with the call's ``Url`` as the voice webhook (``Direction=outbound-api``,
+    ``CallStatus=in-progress``, the call's SID, From and To, the fake's account),
+    streams ``callee_pcm`` (PCM16 8 kHz) as the callee's voice and records what
+    the callee heard in :attr:`results`. A hang-up through the fake's REST API
+    ends the call early (``provider_hangup``); otherwise it lasts the audio plus
+    ``tail_s``. ``auth_token`` is the account's Auth Token the webhook is signed
+    with (``None`` for a gateway in dev mode).
+    """
+
+    def __init__(
+        self,
+        callee_pcm: bytes,
+        *,
+        auth_token: str | None,
+        speed: float = 1.0,
+        tail_s: float = DEFAULT_TAIL_S,
+    ) -> None:
+        self.callee_pcm = callee_pcm
+        self.auth_token = auth_token
+        self.speed = speed
+        self.tail_s = tail_s
+        #: What happened on each answered call, by call SID.
+        self.results: dict[str, SimulatedCallResult] = {}
+        #: Calls whose simulation failed (e.g. the webhook did not answer a stream), by SID.
+        self.errors: dict[str, BaseException] = {}
+
+    def __repr__(self) -> str:
+        return f"SimulatedCallee(calls={len(self.results)}, errors={len(self.errors)})"
+
+    async def __call__(self, call: CreatedFakeCall) -> None:
+        """Answer ``call``: run it through the simulator until it ends. Failures re-raise."""
+        try:
+            if call.url is None or call.method != "POST":
+                raise ValueError("only calls with a POST voice webhook Url can be simulated")
+            split = urlsplit(call.url)
+            simulator = TwilioSimulator(
+                f"{split.scheme}://{split.netloc}",
+                auth_token=self.auth_token,
+                account_sid=call.account_sid,
+            )
+            self.results[call.sid] = await simulator.place_call(
+                self.callee_pcm,
+                from_=call.from_,
+                to=call.to,
+                speed=self.speed,
+                tail_s=self.tail_s,
+                call_sid=call.sid,
+                provider_hangup=call.provider_hangup,
+                webhook_url=call.url,
+                direction=DIRECTION_OUTBOUND_API,
+            )
+        except Exception as exc:
+            self.errors[call.sid] = exc
+            raise
 
 
 def best_lag_correlation(

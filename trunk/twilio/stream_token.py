@@ -2,9 +2,10 @@
 
 Twilio ``<Stream>`` URLs cannot carry a query string (PROVIDERS.md §1.2), so the
 voice webhook puts a token in a ``<Parameter>`` and the media socket checks it
-on ``start`` (``start.customParameters``). The token is an HMAC over the CallSid
-*and* the brain's tap URL, so a media socket holding a valid token for its call
-still cannot swap in another brain.
+on ``start`` (``start.customParameters``). The token is an HMAC over the CallSid,
+the brain's tap URL *and* the call's admission context (call id, tenant, caps),
+so a media socket holding a valid token for its call still cannot swap in
+another brain, claim another call's reservation, or lift its own caps.
 """
 
 from __future__ import annotations
@@ -35,34 +36,36 @@ class StreamTokenSigner:
             raise ValueError(f"stream token secret must be at least {MIN_SECRET_BYTES} bytes")
         self._secret = secret
 
-    def issue(self, call_sid: str, tap_url: str) -> str:
-        """Return the token binding ``call_sid`` to ``tap_url`` (base64url, no padding).
+    def issue(self, call_sid: str, tap_url: str, context: str = "") -> str:
+        """Return the token binding ``call_sid`` to ``tap_url`` and ``context`` (base64url).
 
-        Raises ``ValueError`` if ``call_sid`` contains a newline, which would make
-        the message ambiguous (CallSids are ``CA`` + 32 hex digits).
+        Raises ``ValueError`` if ``call_sid`` or ``tap_url`` contains a newline, which
+        would make the message ambiguous (CallSids are ``CA`` + 32 hex digits).
         """
-        if "\n" in call_sid:
-            raise ValueError("call_sid must not contain a newline")
-        return self._token(call_sid, tap_url)
+        if "\n" in call_sid or "\n" in tap_url:
+            raise ValueError("call_sid and tap_url must not contain a newline")
+        return self._token(call_sid, tap_url, context)
 
-    def verify(self, token: str | None, call_sid: str, tap_url: str) -> bool:
-        """True if ``token`` was issued for exactly this ``call_sid`` and ``tap_url``.
+    def verify(self, token: str | None, call_sid: str, tap_url: str, context: str = "") -> bool:
+        """True if ``token`` was issued for exactly this ``call_sid``, ``tap_url`` and ``context``.
 
         Constant time in the token's content; a missing, malformed or wrong-length
         token is simply invalid.
         """
-        if not token or "\n" in call_sid:
+        if not token or "\n" in call_sid or "\n" in tap_url:
             return False
-        expected = self._token(call_sid, tap_url).encode("ascii")
+        expected = self._token(call_sid, tap_url, context).encode("ascii")
         # Compare the canonical encoding: base64 variants with other padding bits never match.
         return hmac.compare_digest(expected, token.encode("utf-8", "surrogatepass"))
 
-    def _token(self, call_sid: str, tap_url: str) -> str:
+    def _token(self, call_sid: str, tap_url: str, context: str) -> str:
         message = (
             TOKEN_DOMAIN
             + call_sid.encode("utf-8", "surrogatepass")
             + _FIELD_SEPARATOR
             + tap_url.encode("utf-8", "surrogatepass")
+            + _FIELD_SEPARATOR
+            + context.encode("utf-8", "surrogatepass")
         )
         digest = hmac.new(self._secret, message, hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")

@@ -29,6 +29,16 @@ STATUS_CALLBACK_SCHEMES = frozenset({"http", "https"})
 #: ``<Reject reason>`` values Twilio accepts (TwiML ``<Reject>`` docs; twilio-python ``reject``).
 REJECT_REASONS = frozenset({"rejected", "busy"})
 
+#: Longest TwiML Twilio takes inline (``Twiml=`` on create or redirect): 4000 characters
+#: (twilio.com/docs/api/errors/32018 "Twiml size exceeded maximum allowed value").
+MAX_INLINE_TWIML_CHARS = 4000
+#: Longest ``<Say>`` text :func:`say_hangup_twiml` takes. Seed decision: a goodbye or refusal
+#: prompt is a sentence or two. Sized so that even text made only of ``&`` (escaped to ``&amp;``,
+#: five times longer) stays under :data:`MAX_INLINE_TWIML_CHARS` once wrapped, and so that
+#: 4-byte UTF-8 text stays under Twilio's smallest TTS limit, 3000 bytes for Polly voices
+#: (twilio.com/docs/api/errors/13521).
+MAX_SAY_CHARS = 500
+
 #: E.164 number as Twilio's ``<Number>`` wants it: ``+``, a non-zero country-code digit, at most
 #: 15 digits in all (ITU-T E.164 §6; Twilio "Formatting International Phone Numbers").
 E164_PATTERN = re.compile(r"\+[1-9][0-9]{1,14}")
@@ -102,7 +112,11 @@ def connect_stream_twiml(
 
 
 def reject_twiml(reason: str = "rejected") -> str:
-    """``<Reject>``: refuse the call without answering it (no charge for the caller)."""
+    """``<Reject reason>``: refuse the call without answering it (no charge for the caller).
+
+    ``reason`` is ``"rejected"`` or ``"busy"`` (what the caller hears); anything
+    else is a ``ValueError``. Used for admission refusals of inbound calls.
+    """
     if reason not in REJECT_REASONS:
         raise ValueError(f"reject reason must be one of {sorted(REJECT_REASONS)}")
     response = ET.Element("Response")
@@ -111,14 +125,26 @@ def reject_twiml(reason: str = "rejected") -> str:
 
 
 def say_hangup_twiml(message: str) -> str:
-    """``<Say>`` a short message, then ``<Hangup/>``."""
+    """``<Say>`` a short message, then ``<Hangup/>`` (goodbye and refusal prompts).
+
+    The text is escaped by ElementTree; ``ValueError`` for an empty message, one
+    longer than :data:`MAX_SAY_CHARS`, or one with characters XML cannot carry.
+    The document always fits Twilio's inline-TwiML limit, so it can be sent as a
+    redirect's ``Twiml=``.
+    """
     if not message.strip():
         raise ValueError("message must not be empty")
+    if len(message) > MAX_SAY_CHARS:
+        raise ValueError(f"message must be at most {MAX_SAY_CHARS} characters")
     response = ET.Element("Response")
     say = ET.SubElement(response, "Say")
     say.text = _xml_text(message, "message")
     ET.SubElement(response, "Hangup")
-    return _document(response)
+    document = _document(response)
+    # Guaranteed by MAX_SAY_CHARS (worst-case escaping); checked so a change there cannot slip.
+    if len(document) > MAX_INLINE_TWIML_CHARS:
+        raise ValueError("message is too long once escaped for inline TwiML")
+    return document
 
 
 class TransferKind(StrEnum):

@@ -1,0 +1,547 @@
+"""The REST API ``/v1``: thin Starlette handlers over the spend store, the gate and the calls.
+
+Every handler authenticates (``Authorization: Bearer``), applies the per-key
+rate limit, validates its input with the JSON Schemas of
+:mod:`gateway.api.schemas` (the same ones the OpenAPI document publishes), and
+answers JSON. Errors have one shape (:mod:`gateway.api.errors`). A tenant key
+sees only its own calls and spend: another tenant's call is a 404, not a 403,
+so ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from brains.tap import SessionEndReason
+from gateway.api.api_keys import (
+    ADMIN_ENV_KEY_ID,
+    ROLE_ADMIN,
+    KeyStoreUnavailable,
+    Principal,
+    parse_bearer,
+)
+from gateway.api.errors import (
+    ApiError,
+    conflict,
+    error_response,
+    forbidden,
+    invalid_request,
+    not_found,
+    rate_limited,
+    refused,
+    unauthorized,
+    unavailable,
+)
+from gateway.api.openapi import build_openapi
+from gateway.api.rate_limit import RateLimiterUnavailable
+from gateway.api.schemas import (
+    CALL_ID_PATTERN,
+    CREATE_KEY_SCHEMA,
+    KILL_SWITCH_SCHEMA,
+    TENANT_ID_PATTERN,
+    TENANT_LIMITS_SCHEMA,
+)
+from gateway.api.validation import (
+    MAX_BODY_BYTES,
+    check_path_param,
+    parse_calls_query,
+    parse_create_call_body,
+    parse_json_body,
+    parse_spend_query,
+    read_body,
+    require_json_content_type,
+)
+from gateway.config import public_http_url
+from gateway.state import GatewayState
+from spend.gate import AdmissionRequest, new_call_id, wall_ms
+from spend.limits import LimitsError, TenantLimits
+from spend.money import format_money, parse_money
+from spend.store import CallRecord, SpendTotals, StoreUnavailable, time_buckets
+from trunk.call_control import CallControlFailure
+from trunk.twilio.call_control import TwilioCallControl
+
+log = logging.getLogger(__name__)
+
+#: Query parameter of the voice-webhook URL naming the call placed through the API.
+QUERY_CALL = "rutster_call"
+#: Let an outbound call ring this long before Twilio gives up (Twilio's own default is
+#: 60 s; 30 s is what a person waits; seed decision).
+RING_TIMEOUT_S = 30
+#: Twilio's ``TimeLimit`` is our max duration plus this margin: a second line of
+#: defence that only acts if our own enforcement failed.
+TIME_LIMIT_MARGIN_S = 60
+#: Money fields in limits (decimal USD strings in the API, micros inside).
+MONEY_LIMITS = frozenset({"budget_day", "budget_month", "max_call_cost"})
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+async def authenticate(request: Request) -> Principal:
+    """Who is calling (401 if nobody we know), after the per-key rate limit (429)."""
+    state = _state(request)
+    token = parse_bearer(request.headers.get("authorization"))
+    if token is None:
+        raise unauthorized("send 'Authorization: Bearer <API key>'")
+    principal: Principal | None
+    if state.admin_key is not None and state.admin_key.check(token):
+        principal = Principal(tenant=None, role=ROLE_ADMIN, key_id=ADMIN_ENV_KEY_ID)
+    else:
+        assert state.api_keys is not None
+        principal = await state.api_keys.lookup(token)
+    if principal is None:
+        state.metrics.api_auth_failures.inc()
+        raise unauthorized("unknown or revoked API key")
+    assert state.rate_limiter is not None
+    decision = await state.rate_limiter.check(principal.key_id, wall_ms())
+    if not decision.allowed:
+        state.metrics.api_rate_limited.inc()
+        raise rate_limited(decision.retry_after_s)
+    return principal
+
+
+def api_endpoint(handler: Callable[[Request, Principal], Awaitable[Response]]) -> Handler:
+    """Wrap a handler: authentication, and every failure as a JSON error of one shape."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            principal = await authenticate(request)
+            return await handler(request, principal)
+        except ApiError as exc:
+            return error_response(exc)
+        except (StoreUnavailable, KeyStoreUnavailable, RateLimiterUnavailable):
+            _state(request).metrics.api_store_unavailable.inc()
+            return error_response(unavailable())
+
+    endpoint.__name__ = handler.__name__
+    endpoint.__doc__ = handler.__doc__
+    return endpoint
+
+
+async def _body(request: Request) -> bytes:
+    """The request body after a JSON content-type check (413 beyond the cap)."""
+    require_json_content_type(request.headers.get("content-type"))
+    return await read_body(request, max_bytes=MAX_BODY_BYTES)
+
+
+def _tenant_of(principal: Principal) -> str:
+    if principal.tenant is None:
+        raise forbidden("this endpoint acts for one tenant: use that tenant's API key")
+    return principal.tenant
+
+
+def call_status(record: CallRecord) -> str:
+    """The API status of a stored call."""
+    status = record["status"]
+    if status == "active":
+        return "in_progress"
+    if status == "refused":
+        return "refused"
+    if status == "ended":
+        return "failed" if record["end_reason"] in FAILED_END_REASONS else "ended"
+    return "ringing" if record["provider_call_id"] else "queued"
+
+
+#: End reasons of calls that never connected (Twilio's final statuses for them).
+FAILED_END_REASONS = frozenset({"failed", "busy", "no_answer", "canceled", "provider_error"})
+
+
+def call_resource(record: CallRecord, *, live_cost: int | None = None) -> dict[str, Any]:
+    """The API's call resource for a stored call."""
+    outbound = record["direction"] == "outbound"
+    return {
+        "id": record["id"],
+        "tenant": record["tenant"],
+        "status": call_status(record),
+        "direction": "outbound" if outbound else "inbound",
+        "provider": record["provider"] if record["provider"] in ("twilio", "sip") else "twilio",
+        "from": record["caller"],
+        "to": record["to"],
+        "brain": record["brain"] or None,
+        "campaign": record["campaign"] or None,
+        "created_at": _iso(record["created_ms"]),
+        "answered_at": _iso(record["answered_ms"]),
+        "ended_at": _iso(record["ended_ms"]),
+        "end_reason": record["end_reason"],
+        "limits": {
+            "max_duration_s": record["max_duration_s"],
+            "max_cost": format_money(record["max_cost"]),
+        },
+        "spend": {
+            "reserved": format_money(record["reserved"]),
+            "cost": format_money(live_cost if live_cost is not None else record["cost"]),
+            "settled": None if record["spent"] is None else format_money(record["spent"]),
+            "currency": "USD",
+        },
+        "metadata": record["metadata"],
+    }
+
+
+def _live_cost(state: GatewayState, call_id: str) -> int | None:
+    call = state.calls_by_id.get(call_id)
+    if call is None or call.spend is None:
+        return None
+    return call.spend.meter.cost_ms(round(call.clock_ms()))
+
+
+async def _own_call(request: Request, principal: Principal) -> CallRecord:
+    state = _state(request)
+    call_id = check_path_param("id", request.path_params["id"], CALL_ID_PATTERN)
+    assert state.spend_store is not None
+    record = await state.spend_store.get_call(call_id)
+    if record is None or not principal.may_see_tenant(record["tenant"]):
+        raise not_found(f"no call {call_id}")
+    return record
+
+
+# ---- /v1/calls --------------------------------------------------------------------------
+
+
+async def create_call(request: Request, principal: Principal) -> Response:
+    """``POST /v1/calls``: admit through the spend gate, then dial through the provider."""
+    state = _state(request)
+    tenant = _tenant_of(principal)
+    body = parse_create_call_body(await _body(request))
+    settings = state.config.spend
+    if body["provider"] != "twilio":
+        raise invalid_request(
+            f"provider {body['provider']!r} is not available on this gateway yet", "provider"
+        )
+    control = state.twilio_call_control
+    if not isinstance(control, TwilioCallControl):
+        raise conflict(
+            "outbound Twilio calls need TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN on the gateway"
+        )
+    brain = body.get("brain")
+    if brain is None:
+        tap_url = state.config.tap_url
+    elif "://" in brain:
+        if not state.config.tap_allowlist.allows(brain):
+            raise invalid_request("brain URL is not on the gateway's allowlist", "brain")
+        tap_url = brain
+    else:
+        if brain not in settings.brains:
+            raise invalid_request(f"no brain named {brain!r} is configured", "brain")
+        tap_url = settings.brains[brain]
+    limits = body.get("limits", {})
+    gate = state.spend_gate
+    assert gate is not None
+    admission_request = AdmissionRequest(
+        tenant=tenant,
+        provider="twilio",
+        direction="outbound",
+        caller=body["from"],
+        to=body["to"],
+        brain=tap_url,
+        campaign=body.get("campaign", ""),
+        max_duration_s=limits.get("max_duration_s"),
+        max_cost=parse_money(limits["max_cost"]) if "max_cost" in limits else None,
+        metadata=body.get("metadata", {}),
+        call_id=new_call_id(),
+    )
+    admission = await gate.admit(admission_request)
+    if not admission.admitted:
+        state.metrics.admissions.labels("refused", admission.reason).inc()
+        raise refused(admission.reason, f"the spend gate refused the call: {admission.reason}")
+    state.metrics.admissions.labels("admitted", "ok").inc()
+    if admission.degraded:
+        # Fail-open admission with Redis down: nothing to read the call back from.
+        raise unavailable()
+    query = urlencode({QUERY_CALL: admission.call_id})
+    voice_url = public_http_url(state.config.public_url, "/twilio/voice") + "?" + query
+    status_url = public_http_url(state.config.public_url, "/twilio/status") + "?" + query
+    try:
+        created = await control.create_call(
+            to=body["to"],
+            from_=body["from"],
+            url=voice_url,
+            status_callback=status_url,
+            timeout_s=RING_TIMEOUT_S,
+            time_limit_s=admission.caps.max_duration_s + TIME_LIMIT_MARGIN_S,
+        )
+    except CallControlFailure as exc:
+        await gate.settle_unanswered(admission.call_id, "provider_error")
+        log.warning("call %s: Twilio refused to place it (%s)", admission.call_id, exc.reason)
+        return error_response(
+            ApiError(502, "provider_error", f"Twilio did not place the call ({exc.reason})")
+        )
+    assert state.spend_store is not None
+    await state.spend_store.update_call(admission.call_id, provider_call_id=created.sid)
+    record = await state.spend_store.get_call(admission.call_id)
+    if record is None:  # pragma: no cover - just written; only a flush of Redis loses it
+        raise unavailable()
+    return JSONResponse(call_resource(record), status_code=201)
+
+
+async def list_calls(request: Request, principal: Principal) -> Response:
+    """``GET /v1/calls``: the tenant's calls, newest first, paginated."""
+    state = _state(request)
+    tenant = _tenant_of(principal)
+    query = parse_calls_query(request.query_params.multi_items())
+    assert state.spend_store is not None
+    try:
+        records, cursor = await state.spend_store.list_calls(
+            tenant, status=_store_status(query.status), cursor=query.cursor, limit=query.limit
+        )
+    except ValueError:
+        raise invalid_request("cursor is not one this API issued", "cursor") from None
+    data = [
+        call_resource(r, live_cost=_live_cost(state, r["id"]))
+        for r in records
+        if query.status is None or call_status(r) == query.status
+    ]
+    return JSONResponse({"data": data, "next_cursor": cursor})
+
+
+def _store_status(status: str | None) -> str | None:
+    """The stored status holding API status ``status`` (queued and ringing share one)."""
+    return {
+        None: None,
+        "queued": "admitted",
+        "ringing": "admitted",
+        "in_progress": "active",
+        "ended": "ended",
+        "failed": "ended",
+        "refused": "refused",
+    }[status]
+
+
+async def get_call(request: Request, principal: Principal) -> Response:
+    """``GET /v1/calls/{id}``: status, timings, spend so far and receipts."""
+    state = _state(request)
+    record = await _own_call(request, principal)
+    assert state.spend_store is not None
+    resource = call_resource(record, live_cost=_live_cost(state, record["id"]))
+    resource["receipts"] = await state.spend_store.receipts(record["id"])
+    return JSONResponse(resource)
+
+
+async def delete_call(request: Request, principal: Principal) -> Response:
+    """``DELETE /v1/calls/{id}``: hang up (``session_end{api_hangup}`` to the brain)."""
+    state = _state(request)
+    record = await _own_call(request, principal)
+    status = call_status(record)
+    if status in ("ended", "failed", "refused"):
+        raise conflict(f"call {record['id']} has already ended")
+    local = state.calls_by_id.get(record["id"])
+    if local is not None:
+        asyncio.create_task(hang_up_local_call(state, record["id"]))  # noqa: RUF006
+    elif status == "in_progress":
+        assert state.control_channel is not None
+        delivered = await state.control_channel.send(record["node"], "hangup", record["id"])
+        if not delivered:
+            raise ApiError(
+                503, "unavailable", "the gateway holding this call is not answering; retry"
+            )
+    else:
+        await _cancel_unanswered(state, record)
+    return JSONResponse(call_resource(record), status_code=202)
+
+
+async def hang_up_local_call(state: GatewayState, call_id: str) -> None:
+    """End a call this process holds: tell the brain, then end the provider leg."""
+    call = state.calls_by_id.get(call_id)
+    if call is None:
+        return
+    log.info("call %s: hang-up requested through the API", call.session_id)
+    call.bus.publish("call", "api_hangup", {})
+    await call.end(SessionEndReason.API_HANGUP)
+    await call.hang_up_provider(reason="api_hangup")
+
+
+async def _cancel_unanswered(state: GatewayState, record: CallRecord) -> None:
+    control = state.twilio_call_control
+    sid = record["provider_call_id"]
+    if sid and isinstance(control, TwilioCallControl):
+        try:
+            await control.cancel_or_hang_up(sid)
+        except CallControlFailure as exc:
+            if exc.reason != "already_ended":
+                raise ApiError(
+                    502, "provider_error", f"Twilio did not cancel the call ({exc.reason})"
+                ) from None
+    assert state.spend_gate is not None
+    await state.spend_gate.settle_unanswered(record["id"], "canceled")
+
+
+# ---- /v1/spend, limits, admin ------------------------------------------------------------
+
+
+async def get_spend(request: Request, principal: Principal) -> Response:
+    """``GET /v1/spend``: today's and this month's totals against budgets, by day and hour."""
+    state = _state(request)
+    query = parse_spend_query(request.query_params.multi_items())
+    tenant = request.query_params.get("tenant") if principal.is_admin else None
+    tenant = tenant or _tenant_of(principal)
+    body = await tenant_spend(state, tenant, days=query.days)
+    return JSONResponse(body)
+
+
+async def tenant_spend(state: GatewayState, tenant: str, *, days: int) -> dict[str, Any]:
+    """The ``Spend`` resource of ``tenant`` over the last ``days`` days and 24 hours."""
+    store = state.spend_store
+    assert store is not None
+    now = datetime.now(UTC)
+    day_list = [(now - timedelta(days=n)).strftime("%Y%m%d") for n in range(days - 1, -1, -1)]
+    hour_list = [(now - timedelta(hours=n)).strftime("%Y%m%d%H") for n in range(23, -1, -1)]
+    today, month, _ = time_buckets(wall_ms())
+    spend = await store.tenant_spend(tenant, days=day_list, months=[month], hours=hour_list)
+    limits = await store.get_tenant_limits(tenant)
+    return {
+        "tenant": tenant,
+        "currency": "USD",
+        "today": _period(spend["days"].get(today), limits.budget_day),
+        "month": _period(spend["months"].get(month), limits.budget_month),
+        "by_day": [
+            {
+                "day": f"{d[:4]}-{d[4:6]}-{d[6:]}",
+                "spent": format_money(spend["days"].get(d, {"spent": 0})["spent"]),
+            }
+            for d in day_list
+        ],
+        "by_hour": [
+            {
+                "hour": f"{h[:4]}-{h[4:6]}-{h[6:8]}T{h[8:]}:00:00Z",
+                "spent": format_money(spend["hours"].get(h, 0)),
+            }
+            for h in hour_list
+        ],
+    }
+
+
+def _period(totals: SpendTotals | None, budget: int) -> dict[str, Any]:
+    spent = totals["spent"] if totals else 0
+    reserved = totals["reserved"] if totals else 0
+    return {
+        "spent": format_money(spent),
+        "reserved": format_money(reserved),
+        "budget": format_money(budget) if budget else None,
+        "left": format_money(max(0, budget - spent - reserved)) if budget else None,
+    }
+
+
+def limits_resource(tenant: str, limits: TenantLimits) -> dict[str, Any]:
+    """The ``TenantLimits`` resource."""
+    out: dict[str, Any] = {"tenant": tenant}
+    for name, value in limits.as_dict().items():
+        out[name] = format_money(value) if name in MONEY_LIMITS else value
+    return out
+
+
+async def get_limits(request: Request, principal: Principal) -> Response:
+    """``GET /v1/tenants/{id}/limits`` (admin, or that tenant)."""
+    state = _state(request)
+    tenant = check_path_param("id", request.path_params["id"], TENANT_ID_PATTERN)
+    if not principal.may_see_tenant(tenant):
+        raise not_found(f"no tenant {tenant}")
+    assert state.spend_gate is not None
+    return JSONResponse(limits_resource(tenant, await state.spend_gate.tenant_limits(tenant)))
+
+
+async def put_limits(request: Request, principal: Principal) -> Response:
+    """``PUT /v1/tenants/{id}/limits`` (admin): change some or all of a tenant's limits."""
+    state = _state(request)
+    if not principal.is_admin:
+        raise forbidden("only an admin key may change limits")
+    tenant = check_path_param("id", request.path_params["id"], TENANT_ID_PATTERN)
+    body = parse_json_body(await _body(request), TENANT_LIMITS_SCHEMA)
+    changes = {
+        name: parse_money(value) if name in MONEY_LIMITS else value for name, value in body.items()
+    }
+    assert state.spend_gate is not None and state.spend_store is not None
+    current = await state.spend_gate.tenant_limits(tenant)
+    try:
+        updated = current.merged(changes)
+    except LimitsError as exc:
+        raise invalid_request(str(exc), exc.field) from None
+    await state.spend_store.set_tenant_limits(tenant, updated)
+    log.info("limits of tenant %s changed by %s: %s", tenant, principal.key_id[:12], sorted(body))
+    return JSONResponse(limits_resource(tenant, updated))
+
+
+async def create_key(request: Request, principal: Principal) -> Response:
+    """``POST /v1/admin/keys`` (admin): issue an API key; it is shown only in this answer."""
+    state = _state(request)
+    if not principal.is_admin:
+        raise forbidden("only an admin key may create keys")
+    body = parse_json_body(await _body(request), CREATE_KEY_SCHEMA)
+    assert state.api_keys is not None
+    issued = await state.api_keys.create(
+        body["tenant"], body.get("role", "tenant"), body.get("label"), now_ms=wall_ms()
+    )
+    log.info("API key %s… issued for tenant %s", issued.key_hash[:12], issued.tenant)
+    return JSONResponse(
+        {"key": issued.key, "tenant": issued.tenant, "role": issued.role, "label": issued.label},
+        status_code=201,
+    )
+
+
+async def get_kill_switch(request: Request, principal: Principal) -> Response:
+    """``GET /v1/admin/kill-switch``."""
+    state = _state(request)
+    if not principal.is_admin:
+        raise forbidden("only an admin key may read the kill switch")
+    assert state.spend_store is not None
+    return JSONResponse({"engaged": (await state.spend_store.get_global()).killed})
+
+
+async def put_kill_switch(request: Request, principal: Principal) -> Response:
+    """``PUT /v1/admin/kill-switch`` (admin): engaged = no new call is admitted."""
+    state = _state(request)
+    if not principal.is_admin:
+        raise forbidden("only an admin key may use the kill switch")
+    body = parse_json_body(await _body(request), KILL_SWITCH_SCHEMA)
+    assert state.spend_store is not None
+    await state.spend_store.set_kill_switch(body["engaged"])
+    log.warning(
+        "kill switch %s by %s", "ENGAGED" if body["engaged"] else "released", principal.key_id[:12]
+    )
+    return JSONResponse({"engaged": body["engaged"]})
+
+
+async def openapi_document(request: Request) -> Response:
+    """``GET /v1/openapi.json`` (no auth): the API's OpenAPI 3.1 description."""
+    state = _state(request)
+    return JSONResponse(build_openapi(state.config.public_url))
+
+
+def _json_dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def api_routes() -> list[BaseRoute]:
+    """Every ``/v1`` route."""
+    return [
+        Route("/v1/openapi.json", openapi_document, methods=["GET"]),
+        Route("/v1/calls", api_endpoint(create_call), methods=["POST"]),
+        Route("/v1/calls", api_endpoint(list_calls), methods=["GET"]),
+        Route("/v1/calls/{id}", api_endpoint(get_call), methods=["GET"]),
+        Route("/v1/calls/{id}", api_endpoint(delete_call), methods=["DELETE"]),
+        Route("/v1/spend", api_endpoint(get_spend), methods=["GET"]),
+        Route("/v1/tenants/{id}/limits", api_endpoint(get_limits), methods=["GET"]),
+        Route("/v1/tenants/{id}/limits", api_endpoint(put_limits), methods=["PUT"]),
+        Route("/v1/admin/keys", api_endpoint(create_key), methods=["POST"]),
+        Route("/v1/admin/kill-switch", api_endpoint(get_kill_switch), methods=["GET"]),
+        Route("/v1/admin/kill-switch", api_endpoint(put_kill_switch), methods=["PUT"]),
+    ]

@@ -1,0 +1,93 @@
+-- settle: record a call's actual cost and release its reservation
+-- (spend/store.py, SpendStore.settle).
+--
+-- day/month: spent += actual, reserved -= the call's total reserved; hour bucket +=
+-- actual; the call leaves the active sets, its hash and receipts get their retention
+-- expiry; ledger "settle" (amount = actual) and an entry on the "ended" stream.
+-- Idempotent: a settled call is left alone ("replayed"). One exception: a call the
+-- reaper settled (its gateway stopped renewing the lease) at the conservative full
+-- reservation gets corrected once by the owner's late, real settlement: spent moves
+-- by (actual - reaped amount), recorded as a ledger "adjust" entry with that signed
+-- amount, so that sum(settle + reap + adjust amounts) == spent still holds.
+--
+-- The tenant's keys are derived from the prefix and the call's stored tenant/day/month
+-- (standalone Redis; Cluster would need hash tags).
+--
+-- KEYS: 1 call hash, 2 global active zset, 3 ledger stream, 4 ended stream,
+--       5 call receipts stream
+-- ARGV: 1 prefix, 2 call_id, 3 seq, 4 actual, 5 now_ms, 6 end_reason, 7 hour,
+--       8 retention_s, 9 ledger_max, 10 stream_max, 11 day_ttl_s, 12 month_ttl_s,
+--       13 hour_ttl_s
+-- Returns {applied 1/0, status, reserved_total, spent}; status is settled | adjusted |
+-- replayed | unknown_call | not_admitted.
+
+local prefix, call_id = ARGV[1], ARGV[2]
+local seq = tonumber(ARGV[3])
+local actual = tonumber(ARGV[4])
+local now_s, end_reason = ARGV[5], ARGV[6]
+
+local function int(n)
+  return string.format('%d', n)
+end
+
+local function num(raw)
+  return tonumber(raw) or 0
+end
+
+local c = redis.call('HMGET', KEYS[1], 'tenant', 'day', 'month', 'status', 'reserved', 'seq',
+  'spent', 'reaped', 'owner_settled', 'hour')
+if not c[1] then
+  return {0, 'unknown_call', 0, 0}
+end
+local tenant, day, month, status = c[1], c[2], c[3], c[4]
+local reserved = num(c[5])
+local new_seq = math.max(seq, num(c[6]))
+local tenant_key = prefix .. ':tenant:' .. tenant
+local day_key = tenant_key .. ':d:' .. day
+local month_key = tenant_key .. ':m:' .. month
+
+if status == 'refused' then
+  return {0, 'not_admitted', 0, 0}
+end
+
+if status == 'ended' then
+  if c[8] == '1' and c[9] ~= '1' then
+    local delta = actual - num(c[7])
+    local hour_key = tenant_key .. ':h:' .. c[10]
+    redis.call('HINCRBY', day_key, 'spent', int(delta))
+    redis.call('EXPIRE', day_key, ARGV[11])
+    redis.call('HINCRBY', month_key, 'spent', int(delta))
+    redis.call('EXPIRE', month_key, ARGV[12])
+    redis.call('INCRBY', hour_key, int(delta))
+    redis.call('EXPIRE', hour_key, ARGV[13])
+    redis.call('HSET', KEYS[1], 'spent', int(actual), 'owner_settled', '1',
+      'end_reason', end_reason, 'seq', int(new_seq))
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[9], '*',
+      'type', 'adjust', 'call', call_id, 'tenant', tenant, 'amount', int(delta),
+      'reserved_total', int(reserved), 'reason', end_reason, 'at', now_s)
+    return {1, 'adjusted', reserved, actual}
+  end
+  return {0, 'replayed', reserved, num(c[7])}
+end
+
+local hour_key = tenant_key .. ':h:' .. ARGV[7]
+redis.call('HINCRBY', day_key, 'spent', int(actual))
+redis.call('HINCRBY', day_key, 'reserved', int(-reserved))
+redis.call('EXPIRE', day_key, ARGV[11])
+redis.call('HINCRBY', month_key, 'spent', int(actual))
+redis.call('HINCRBY', month_key, 'reserved', int(-reserved))
+redis.call('EXPIRE', month_key, ARGV[12])
+redis.call('INCRBY', hour_key, int(actual))
+redis.call('EXPIRE', hour_key, ARGV[13])
+redis.call('ZREM', KEYS[2], call_id)
+redis.call('ZREM', tenant_key .. ':active', call_id)
+redis.call('HSET', KEYS[1], 'status', 'ended', 'spent', int(actual), 'ended_ms', now_s,
+  'end_reason', end_reason, 'seq', int(new_seq), 'owner_settled', '1', 'hour', ARGV[7])
+redis.call('EXPIRE', KEYS[1], ARGV[8])
+redis.call('EXPIRE', KEYS[5], ARGV[8])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[9], '*',
+  'type', 'settle', 'call', call_id, 'tenant', tenant, 'amount', int(actual),
+  'reserved_total', int(reserved), 'reason', end_reason, 'at', now_s)
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[10], '*',
+  'at', now_s, 'call', call_id, 'tenant', tenant, 'reason', end_reason, 'spent', int(actual))
+return {1, 'settled', reserved, actual}
