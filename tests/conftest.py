@@ -26,6 +26,10 @@ from gateway.spend_settings import SpendSettings
 from gateway.state import GatewayState
 from gateway.tap_allowlist import TapUrlAllowlist
 from spend.embedded_redis import EmbeddedRedis
+from spend.gate import GatePolicy
+from spend.limits import TenantLimits
+from spend.meter import QuantumPolicy
+from spend.prices import PriceTable, TelephonyRate
 from trunk.twilio.simulator import read_wav_8k
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -75,6 +79,34 @@ def spend_settings(**overrides: Any) -> SpendSettings:
     }
     values.update(overrides)
     return SpendSettings(**values)
+
+
+#: Telephony rate of :func:`fast_spend_settings`: 0.60 USD a minute billed per second
+#: (10_000 micros a second), so a test sees money move in seconds, not minutes.
+FAST_MICROS_PER_MINUTE = 600_000
+
+
+def fast_prices() -> PriceTable:
+    """Built-in prices with Twilio billed per second at :data:`FAST_MICROS_PER_MINUTE`."""
+    default = PriceTable.default()
+    rate = TelephonyRate(FAST_MICROS_PER_MINUTE, 1)
+    telephony = dict(default.telephony)
+    telephony[("twilio", "inbound")] = rate
+    telephony[("twilio", "outbound")] = rate
+    return PriceTable(telephony=telephony, brains=dict(default.brains))
+
+
+def fast_spend_settings(**overrides: Any) -> SpendSettings:
+    """:func:`spend_settings` with per-second prices, 10 s quanta and a 200 ms meter tick."""
+    policy = GatePolicy(
+        default_limits=TenantLimits(max_concurrent=50),
+        quantum=QuantumPolicy(telephony_s=10, brain_micros_per_minute=0, hangup_guard_ms=500),
+        tick_ms=200,
+        heartbeat_ms=500,
+    )
+    values: dict[str, Any] = {"prices": fast_prices(), "policy": policy}
+    values.update(overrides)
+    return spend_settings(**values)
 
 
 @pytest.fixture(scope="session")

@@ -410,7 +410,8 @@ def test_calls_query_defaults_and_values() -> None:
         (CALLS_QUERY_SCHEMA, [("Limit", "5")], "Limit", "unknown query parameter 'Limit'"),
         (SPEND_QUERY_SCHEMA, [("days", "0")], "days", "must be >= 1"),
         (SPEND_QUERY_SCHEMA, [("days", "91")], "days", "must be <= 90"),
-        (SPEND_QUERY_SCHEMA, [("tenant", "acme")], "tenant", "unknown query parameter"),
+        (SPEND_QUERY_SCHEMA, [("since", "2026-01-01")], "since", "unknown query parameter"),
+        (SPEND_QUERY_SCHEMA, [("tenant", "Acme")], "tenant", "lowercase letters"),
     ],
 )
 def test_bad_query_parameters_are_422(

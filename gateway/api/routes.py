@@ -392,8 +392,9 @@ async def get_spend(request: Request, principal: Principal) -> Response:
     """``GET /v1/spend``: today's and this month's totals against budgets, by day and hour."""
     state = _state(request)
     query = parse_spend_query(request.query_params.multi_items())
-    tenant = request.query_params.get("tenant") if principal.is_admin else None
-    tenant = tenant or _tenant_of(principal)
+    if query.tenant is not None and not principal.may_see_tenant(query.tenant):
+        raise not_found(f"no tenant {query.tenant}")
+    tenant = query.tenant or _tenant_of(principal)
     body = await tenant_spend(state, tenant, days=query.days)
     return JSONResponse(body)
 

@@ -334,6 +334,11 @@ SPEND_QUERY_SCHEMA: Schema = {
             "maximum": MAX_SPEND_DAYS,
             "default": DEFAULT_SPEND_DAYS,
         },
+        "tenant": {
+            "type": "string",
+            "pattern": TENANT_ID_PATTERN,
+            "description": "Admin keys only: whose spend (a tenant key always sees its own).",
+        },
     },
 }
 

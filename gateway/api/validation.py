@@ -384,6 +384,7 @@ class SpendQuery:
     """``GET /v1/spend`` parameters."""
 
     days: int
+    tenant: str | None = None
 
 
 def parse_calls_query(items: Iterable[tuple[str, str]]) -> CallsQuery:
@@ -395,9 +396,9 @@ def parse_calls_query(items: Iterable[tuple[str, str]]) -> CallsQuery:
 
 
 def parse_spend_query(items: Iterable[tuple[str, str]]) -> SpendQuery:
-    """``days`` (1..90, default 7)."""
+    """``days`` (1..90, default 7), ``tenant`` (admin keys only)."""
     values = parse_query_params(items, SPEND_QUERY_SCHEMA)
-    return SpendQuery(days=values["days"])
+    return SpendQuery(days=values["days"], tenant=values.get("tenant"))
 
 
 # --- path parameters ------------------------------------------------------------------

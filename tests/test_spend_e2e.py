@@ -1,0 +1,337 @@
+"""The spend gate end to end: outbound calls through ``POST /v1/calls`` and Redis outages.
+
+- A call placed through the API reaches the simulated callee through the FAKE
+  Twilio REST server, is metered, and is ended by the gate when its max cost is
+  reached: the brain gets ``session_end{budget_exhausted}``, the provider call
+  is hung up through REST, and the settlement stays within the cap.
+- ``DELETE /v1/calls/{id}`` ends another: the brain gets ``api_hangup``.
+- Redis killed mid-call and restarted: the call goes on, its settlement is
+  journalled, replayed, and the ledger balances to the micro-unit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from brains.tap import Hello, SessionEnd
+from spend.embedded_redis import EmbeddedRedis
+from spend.limits import TenantLimits
+from spend.meter import QuantumPolicy
+from tests.conftest import (
+    FAST_MICROS_PER_MINUTE,
+    TEST_ADMIN_KEY,
+    TEST_AUTH_TOKEN,
+    RunningGateway,
+    eventually,
+    fast_spend_settings,
+    gateway_config,
+    serve_gateway,
+)
+from tests.test_gateway_calls import RecordingBrain
+from trunk.twilio.fake_rest import FakeTwilioRest
+from trunk.twilio.simulator import SimulatedCallee, TwilioSimulator
+
+ACCOUNT_SID = "AC" + "7e" * 16
+CALLER_ID = "+15550001111"
+CALLEE = "+15550002222"
+#: The call's cost cap: 0.03 USD = 3 s of telephony at the fast test rate (10_000 micros/s).
+MAX_COST = "0.03"
+MAX_COST_MICROS = 30_000
+
+
+async def _tenant_key(client: httpx.AsyncClient, tenant: str) -> str:
+    response = await client.post(
+        "/v1/admin/keys",
+        json={"tenant": tenant, "label": "e2e"},
+        headers={"Authorization": f"Bearer {TEST_ADMIN_KEY}"},
+    )
+    assert response.status_code == 201, response.text
+    key: str = response.json()["key"]
+    return key
+
+
+def _ledger_balances(ledger: list[dict[str, str]], spent_by_day: int) -> None:
+    settled = sum(int(e["amount"]) for e in ledger if e["type"] in ("settle", "reap", "adjust"))
+    assert settled == spent_by_day
+
+
+@pytest.mark.parametrize("goodbye", [None, "Your budget is used up. Goodbye."])
+async def test_outbound_call_is_ended_by_the_gate_at_its_max_cost(
+    speech_pcm: bytes, goodbye: str | None
+) -> None:
+    callee = SimulatedCallee(speech_pcm[: 8000 * 2 * 20], auth_token=TEST_AUTH_TOKEN, tail_s=5)
+    async with (
+        RecordingBrain() as brain,
+        FakeTwilioRest(account_sid=ACCOUNT_SID, auth_token=TEST_AUTH_TOKEN) as fake,
+    ):
+        fake.on_answer = callee
+        config = gateway_config(
+            brain.url,
+            barge_in=False,
+            spend=fast_spend_settings(goodbye_text=goodbye),
+            twilio_account_sid=ACCOUNT_SID,
+            twilio_api_base_url=fake.base_url,
+        )
+        async with (
+            serve_gateway(config) as gateway,
+            httpx.AsyncClient(base_url=gateway.url, timeout=10) as client,
+        ):
+            key = await _tenant_key(client, "acme")
+            auth = {"Authorization": f"Bearer {key}"}
+            response = await client.post(
+                "/v1/calls",
+                json={
+                    "to": CALLEE,
+                    "from": CALLER_ID,
+                    "provider": "twilio",
+                    "limits": {"max_cost": MAX_COST},
+                    "metadata": {"crm_id": "42"},
+                },
+                headers=auth,
+            )
+            assert response.status_code == 201, response.text
+            call = response.json()
+            call_id = call["id"]
+            assert call["status"] in ("queued", "ringing")
+            assert call["limits"]["max_cost"] == "0.030000"
+            assert call["metadata"] == {"crm_id": "42"}
+
+            # Twilio got one authorized create: the callee's number, our webhook with the
+            # call id, status callbacks, and its own time limit as a second line of defence.
+            creates = [r for r in fake.requests if r.path.endswith("/Calls.json")]
+            assert len(creates) == 1 and creates[0].authorized
+            form = creates[0].form
+            assert form["To"] == CALLEE and form["From"] == CALLER_ID
+            assert form["Url"] == f"{gateway.url}/twilio/voice?rutster_call={call_id}"
+            assert form["StatusCallback"].endswith(f"/twilio/status?rutster_call={call_id}")
+            assert int(form["TimeLimit"]) > 0
+
+            # The callee answers; the brain hears the call; spend ticks up while it runs.
+            await eventually(lambda: bool(brain.of_type(Hello)), timeout_s=10)
+            hello = brain.of_type(Hello)[0]
+            assert isinstance(hello, Hello) and hello.call.direction == "out"
+            await eventually(lambda: call_id in gateway.state.calls_by_id, timeout_s=5)
+            costs = []
+            for _ in range(3):
+                await asyncio.sleep(0.6)
+                live = (await client.get(f"/v1/calls/{call_id}", headers=auth)).json()
+                if live["status"] != "in_progress":
+                    break
+                costs.append(live["spend"]["cost"])
+            assert len(costs) >= 2 and costs == sorted(costs) and costs[-1] > costs[0]
+
+            # The gate ends it at the cap: the brain is told why, Twilio is asked to hang up.
+            await eventually(lambda: bool(brain.of_type(SessionEnd)), timeout_s=10)
+            end = brain.of_type(SessionEnd)[0]
+            assert isinstance(end, SessionEnd) and end.reason.value == "budget_exhausted"
+            sid = next(iter(fake.created_calls))
+            await eventually(lambda: callee.results.get(sid) is not None, timeout_s=10)
+            assert callee.results[sid].hung_up_by_provider
+            updates = [r for r in fake.requests if r.path.endswith(f"/Calls/{sid}.json")]
+            assert len(updates) == 1 and updates[0].authorized
+            if goodbye is None:
+                assert updates[0].form == {"Status": "completed"}
+            else:  # a short <Say> goodbye, then <Hangup/>
+                assert goodbye in updates[0].form["Twiml"] and "<Hangup" in updates[0].form["Twiml"]
+
+            async def ended() -> dict[str, Any]:
+                body: dict[str, Any] = (
+                    await client.get(f"/v1/calls/{call_id}", headers=auth)
+                ).json()
+                return body
+
+            await eventually(lambda: call_id not in gateway.state.calls_by_id, timeout_s=10)
+            final = await ended()
+            assert final["status"] == "ended" and final["end_reason"] == "budget_exhausted"
+            settled = int(final["spend"]["settled"].replace(".", ""))
+            # Within the cap (the meter hangs up before a second it cannot pay for) and
+            # not trivially small: ~3 s of telephony at 10_000 micros/s.
+            assert MAX_COST_MICROS * 2 // 3 <= settled <= MAX_COST_MICROS
+            kinds = {r.get("type") for r in final["receipts"]}
+            assert {"call_started", "limit_reached", "call_ended", "settled"} <= kinds
+
+            # The ledger has the reservation(s) and the settlement; they balance.
+            store = gateway.state.spend_store
+            assert store is not None
+            ledger = [e for e in reversed(await store.ledger(100)) if e["call"] == call_id]
+            assert ledger[0]["type"] == "reserve"
+            assert ledger[-1]["type"] == "settle" and int(ledger[-1]["amount"]) == settled
+            spend = (await client.get("/v1/spend", headers=auth)).json()
+            assert spend["today"]["spent"] == final["spend"]["settled"]
+            assert spend["today"]["reserved"] == "0.000000"
+
+
+async def test_delete_ends_a_live_outbound_call_with_api_hangup(speech_pcm: bytes) -> None:
+    callee = SimulatedCallee(speech_pcm[: 8000 * 2 * 20], auth_token=TEST_AUTH_TOKEN, tail_s=5)
+    async with (
+        RecordingBrain() as brain,
+        FakeTwilioRest(account_sid=ACCOUNT_SID, auth_token=TEST_AUTH_TOKEN) as fake,
+    ):
+        fake.on_answer = callee
+        config = gateway_config(
+            brain.url,
+            barge_in=False,
+            spend=fast_spend_settings(),
+            twilio_account_sid=ACCOUNT_SID,
+            twilio_api_base_url=fake.base_url,
+        )
+        async with (
+            serve_gateway(config) as gateway,
+            httpx.AsyncClient(base_url=gateway.url, timeout=10) as client,
+        ):
+            key = await _tenant_key(client, "acme")
+            other = await _tenant_key(client, "globex")
+            auth = {"Authorization": f"Bearer {key}"}
+            created = await client.post(
+                "/v1/calls",
+                json={"to": CALLEE, "from": CALLER_ID, "provider": "twilio"},
+                headers=auth,
+            )
+            assert created.status_code == 201, created.text
+            call_id = created.json()["id"]
+            await eventually(lambda: call_id in gateway.state.calls_by_id, timeout_s=10)
+
+            # Another tenant cannot hang it up (nor learn that it exists).
+            stranger = await client.delete(
+                f"/v1/calls/{call_id}", headers={"Authorization": f"Bearer {other}"}
+            )
+            assert stranger.status_code == 404
+            assert call_id in gateway.state.calls_by_id
+
+            deleted = await client.delete(f"/v1/calls/{call_id}", headers=auth)
+            assert deleted.status_code == 202, deleted.text
+            await eventually(lambda: bool(brain.of_type(SessionEnd)), timeout_s=10)
+            end = brain.of_type(SessionEnd)[0]
+            assert isinstance(end, SessionEnd) and end.reason.value == "api_hangup"
+            sid = next(iter(fake.created_calls))
+            await eventually(lambda: callee.results.get(sid) is not None, timeout_s=10)
+            assert callee.results[sid].hung_up_by_provider
+            await eventually(lambda: call_id not in gateway.state.calls_by_id, timeout_s=10)
+            final = (await client.get(f"/v1/calls/{call_id}", headers=auth)).json()
+            assert final["status"] == "ended" and final["end_reason"] == "api_hangup"
+            assert final["spend"]["settled"] is not None
+            again = await client.delete(f"/v1/calls/{call_id}", headers=auth)
+            assert again.status_code == 409
+
+
+async def _inbound_call(gateway: RunningGateway, speech: bytes, seconds: float) -> Any:
+    simulator = TwilioSimulator(gateway.url, auth_token=TEST_AUTH_TOKEN)
+    return await simulator.place_call(speech[: int(8000 * 2 * seconds)], tail_s=0.3)
+
+
+async def test_redis_killed_mid_call_loses_no_spend(
+    tmp_path: Path, speech_pcm: bytes, echo_brain: Any
+) -> None:
+    """Kill Redis during a call: the call goes on, ends, its settlement is journalled;
+    Redis comes back, the journal is replayed, and the ledger balances to the micro."""
+    redis = EmbeddedRedis(tmp_path / "redis")
+    redis.start()
+    try:
+        settings = fast_spend_settings(redis_url=redis.url, data_dir=tmp_path / "data")
+        # A long quantum: the call holds enough money to outlive the outage.
+        settings = replace(
+            settings,
+            policy=replace(
+                settings.policy,
+                quantum=QuantumPolicy(
+                    telephony_s=60, brain_micros_per_minute=0, hangup_guard_ms=500
+                ),
+            ),
+        )
+        config = gateway_config(echo_brain.url, barge_in=False, spend=settings)
+        async with serve_gateway(config) as gateway:
+            call = asyncio.create_task(_inbound_call(gateway, speech_pcm, 4.0))
+            await eventually(lambda: bool(gateway.state.calls_by_id), timeout_s=10)
+            call_id = next(iter(gateway.state.calls_by_id))
+            await asyncio.sleep(1.0)
+            redis.kill()
+            result = await call  # the call finishes while Redis is down
+            assert result.frames_sent > 150
+            journal = gateway.state.spend_gate.journal if gateway.state.spend_gate else None
+            assert journal is not None
+            await eventually(lambda: bool(journal.pending()), timeout_s=5)
+            assert any(getattr(r, "call_id", None) == call_id for r in journal.pending())
+            redis.start()
+            gate = gateway.state.spend_gate
+            assert gate is not None
+            await gate.replay_journal()
+            assert journal.pending() == []
+            store = gateway.state.spend_store
+            assert store is not None
+            record = await store.get_call(call_id)
+            assert record is not None and record["status"] == "ended"
+            spent = record["spent"]
+            assert spent is not None and spent >= 4 * FAST_MICROS_PER_MINUTE // 60
+            ledger = await store.ledger(100)
+            day_totals = await store.tenant_spend(
+                "default", days=[record["day"]], months=[record["month"]], hours=[]
+            )
+            _ledger_balances(ledger, day_totals["days"][record["day"]]["spent"])
+            assert day_totals["days"][record["day"]]["reserved"] == 0
+            assert day_totals["months"][record["month"]]["spent"] == spent
+    finally:
+        redis.stop()
+
+
+async def test_admission_fails_closed_while_redis_is_down(tmp_path: Path, echo_brain: Any) -> None:
+    redis = EmbeddedRedis(tmp_path / "redis")
+    redis.start()
+    try:
+        settings = fast_spend_settings(redis_url=redis.url, data_dir=tmp_path / "data")
+        config = gateway_config(echo_brain.url, barge_in=False, spend=settings)
+        async with serve_gateway(config) as gateway:
+            simulator = TwilioSimulator(gateway.url, auth_token=TEST_AUTH_TOKEN)
+            redis.kill()
+            response = await simulator.post_voice_webhook(
+                "CA" + "1" * 32, from_="+15550003333", to="+15550004444"
+            )
+            assert response.status_code == 200
+            assert "<Reject" in response.text and "<Stream" not in response.text
+            assert (
+                gateway.metric(
+                    "rutster_admissions_total", outcome="refused", reason="store_unavailable"
+                )
+                == 1
+            )
+            redis.start()
+            response = await simulator.post_voice_webhook(
+                "CA" + "2" * 32, from_="+15550003333", to="+15550004444"
+            )
+            assert "<Stream" in response.text
+    finally:
+        redis.stop()
+
+
+@pytest.mark.parametrize("limit", ["budget_day", "max_concurrent"])
+async def test_inbound_refusals_get_reject_twiml_and_a_ledger_entry(
+    limit: str, echo_brain: Any
+) -> None:
+    limits = TenantLimits(budget_day=1) if limit == "budget_day" else TenantLimits(max_concurrent=1)
+    settings = fast_spend_settings()
+    settings = replace(settings, policy=replace(settings.policy, default_limits=limits))
+    config = gateway_config(echo_brain.url, barge_in=False, spend=settings)
+    async with serve_gateway(config) as gateway:
+        simulator = TwilioSimulator(gateway.url, auth_token=TEST_AUTH_TOKEN)
+        first = await simulator.post_voice_webhook(
+            "CA" + "3" * 32, from_="+15550005555", to="+15550006666"
+        )
+        if limit == "max_concurrent":
+            assert "<Stream" in first.text  # holds the one slot (admitted, not yet streaming)
+            refused = await simulator.post_voice_webhook(
+                "CA" + "4" * 32, from_="+15550005555", to="+15550006666"
+            )
+        else:
+            refused = first
+        assert "<Reject" in refused.text
+        store = gateway.state.spend_store
+        assert store is not None
+        reasons = [r["reason"] for r in await store.recent_refusals(10)]
+        expected = "budget_day" if limit == "budget_day" else "tenant_concurrency"
+        assert reasons == [expected]
+        assert any(e["type"] == "refuse" for e in await store.ledger(10))
