@@ -8,8 +8,8 @@ queueing included), side by side for the two persistence settings:
 
 - ``appendfsync always``: the embedded default (spend/embedded_redis.py); every write
   is on disk before Redis answers, so an acknowledged reservation survives a crash;
-- ``appendfsync everysec``: the common production setting; up to ~1 s of writes can be
-  lost in a crash (the gateway's journal then has to cover them).
+- ``appendfsync everysec``: the common production setting; a crash of the Redis server
+  can lose up to ~1 s of acknowledged writes (replication or ``always`` cover that).
 
 Also shown: the Redis server's CPU use. One Python client process saturates its own
 core well before Redis does, so the ops/s here are what one gateway process gets, not

@@ -26,12 +26,13 @@ from spend.gate import (
 from spend.limits import LimitsError, TenantLimits
 from spend.money import parse_money
 from spend.prices import PriceFileError, PriceTable
+from spend.store import DEFAULT_PREFIX, LEDGER_MAX_ENTRIES, RECEIPT_RETENTION_S
 
 #: Where the embedded Redis keeps its data (and the spend journal lives) when
 #: ``RUTSTER_DATA_DIR`` is not set: a folder in the working directory.
 DEFAULT_DATA_DIR = ".rutster"
-#: Redis key prefix. Several installations may share one Redis with different prefixes.
-DEFAULT_REDIS_PREFIX = "rutster"
+#: Redis key prefix (the store's default). Installations may share one Redis by prefix.
+DEFAULT_REDIS_PREFIX = DEFAULT_PREFIX
 #: Tenant that inbound calls belong to unless ``RUTSTER_TENANT_BY_NUMBER`` says otherwise.
 DEFAULT_TENANT = "default"
 #: Shortest admin key accepted: 24 characters (~140 bits from ``openssl rand -base64 24``).
@@ -45,12 +46,10 @@ DEFAULT_BUDGET_MONTH_MICROS = 200_000_000
 DEFAULT_MAX_CONCURRENT = 10
 DEFAULT_CALLER_CALLS_PER_HOUR = 20
 DEFAULT_CAMPAIGN_CALLS_PER_MINUTE = 30
-#: How long per-call records and receipts are kept after a call ends: 7 days.
-#: Seed decision: long enough to answer "what happened on Tuesday's call".
-DEFAULT_RETENTION_S = 7 * 24 * 3600
-#: Ledger stream length (approximate, XADD MAXLEN ~). Seed decision: a million
-#: entries is ~200k calls, ~150 MB of Redis memory.
-DEFAULT_LEDGER_MAX_ENTRIES = 1_000_000
+#: How long per-call records and receipts are kept after a call ends (the store's default).
+DEFAULT_RETENTION_S = RECEIPT_RETENTION_S
+#: Ledger stream length, approximate (the store's default).
+DEFAULT_LEDGER_MAX_ENTRIES = LEDGER_MAX_ENTRIES
 #: Names of configured brains usable in ``POST /v1/calls``: lowercase words.
 BRAIN_NAME_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")

@@ -33,17 +33,21 @@ from spend.limits import TenantLimits, tightest
 from spend.meter import CallCaps, CallMeter, End, Extend, MeterSnapshot, QuantumPolicy
 from spend.money import Micros
 from spend.prices import PriceTable
-from spend.store import AdmitRequest, SpendStore, StoreUnavailable
+from spend.store import (
+    DEFAULT_LEASE_MS,
+    HEARTBEAT_INTERVAL_MS,
+    AdmitRequest,
+    SpendStore,
+    StoreUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
-#: A call's lease in the active sets: if its gateway stops renewing it (the process
-#: died), the reaper settles the call at its full reservation after this long.
-#: Seed decision: 12 missed heartbeats, long enough to ride out a Redis failover.
-LEASE_MS = 60_000
+#: A call's lease in the active sets (the store's default: six missed heartbeats):
+#: if its gateway stops renewing it, the reaper settles the call at its full reservation.
+LEASE_MS = DEFAULT_LEASE_MS
 #: How often a live call renews its lease and publishes its running cost.
-#: Seed decision: the dashboard's spend column moves at this pace.
-HEARTBEAT_MS = 5_000
+HEARTBEAT_MS = HEARTBEAT_INTERVAL_MS
 #: How often a live call's meter is consulted. Seed decision: the hang-up guard
 #: (``spend.meter.DEFAULT_HANGUP_GUARD_MS``, 2 s) must be longer than this.
 TICK_MS = 1_000
