@@ -154,6 +154,10 @@ async def bench(levels: list[int], seconds: float, vad: str) -> None:
             "RUTSTER_TAP_URL": f"ws://{LOOPBACK}:{brain.port}/echo",
             "RUTSTER_BARGE_IN": "off",  # the echo brain talks over the caller by design
             "RUTSTER_VAD": vad,
+            # Every call goes through the spend gate (embedded Redis), as in production;
+            # lift the default tenant's caps so the load, not a limit, is measured.
+            "RUTSTER_DEFAULT_MAX_CONCURRENT": "0",
+            "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
             "TWILIO_AUTH_TOKEN": token,
             "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
         }

@@ -133,10 +133,15 @@ def api_call(
     key: str,
     body: Mapping[str, Any] | None = None,
     *,
-    timeout_s: float = REQUEST_TIMEOUT_S,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
-    """Send one authenticated request; the answer's JSON object, or :class:`AdminCliError`."""
+    """Send one authenticated request; the answer's JSON object, or :class:`AdminCliError`.
+
+    ``timeout_s`` defaults to :data:`REQUEST_TIMEOUT_S` (read at call time).
+    """
     import httpx
+
+    timeout_s = REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
 
     # A loopback gateway is never reached through a proxy from the environment: the
     # admin key would otherwise travel to the proxy for nothing.

@@ -24,7 +24,7 @@ from starlette.routing import Route, WebSocketRoute
 from brains.tap import SessionEndReason
 from gateway.api.api_keys import AdminKey, ApiKeyStore
 from gateway.api.rate_limit import RateLimiter
-from gateway.api.routes import api_routes, hang_up_local_call
+from gateway.api.routes import api_routes, hang_up_local_call, unrouted
 from gateway.config import GatewayConfig
 from gateway.control_channel import ControlChannel
 from gateway.dashboard_feed import dashboard_routes
@@ -219,6 +219,7 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
             *dashboard_routes(),
         ],
         lifespan=lifespan,
+        exception_handlers={404: unrouted, 405: unrouted},
     )
     app.state.gateway = state
     return app

@@ -193,6 +193,8 @@ def test_error_bodies_match_the_error_schema() -> None:
         errors.payload_too_large(16384),
         errors.unsupported_media_type("text/plain"),
         errors.unavailable(),
+        errors.provider_error("Twilio did not place the call (timeout)"),
+        errors.ApiError(405, errors.CODE_METHOD_NOT_ALLOWED, "PATCH is not allowed on /v1/calls"),
     ]
     assert {e.code for e in produced} == set(errors.ERROR_CODES)
     for error in produced:

@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Final
 
 import httpx
-from playwright.async_api import Browser, BrowserContext, Locator, Page, expect
+from playwright.async_api import Browser, BrowserContext, Expect, Locator, Page
 
 from brains.echo import EchoBrain
 from tests.browser import (  # noqa: F401  (chromium_* are pytest fixtures, used by name)
@@ -48,6 +48,10 @@ from trunk.twilio.simulator import (
 #: Playwright waits (ms) for the page to show what the gateway did. The feed pushes a snapshot
 #: every DASHBOARD_PUSH_S = 1 s, so anything should show within ~2 s; 8 s covers a loaded box.
 EXPECT_TIMEOUT_MS: Final = 8_000
+#: This module's ``expect`` waits EXPECT_TIMEOUT_MS (a module-local instance: Playwright's shared
+#: ``expect.set_options`` would change every other browser test too).
+expect: Final = Expect()
+expect.set_options(timeout=EXPECT_TIMEOUT_MS)
 #: How long the gateway may take to register a placed call (webhook, media socket, start).
 LIVE_CALL_TIMEOUT_S: Final = 5.0
 #: Caller speech of the admin test's call: long enough to watch the spend tick twice after the
@@ -117,9 +121,7 @@ async def open_dashboard(
     await page.goto(f"{base_url}/dashboard")
     await page.get_by_test_id("login-key").fill(key)
     await page.get_by_test_id("login-submit").click()
-    await expect(page.get_by_test_id("connection-state")).to_have_attribute(
-        "data-state", "live", timeout=EXPECT_TIMEOUT_MS
-    )
+    await expect(page.get_by_test_id("connection-state")).to_have_attribute("data-state", "live")
     return page, errors
 
 
@@ -128,7 +130,7 @@ async def fresh_snapshots(page: Page, count: int = FRESH_SNAPSHOTS) -> None:
     stamp = page.get_by_test_id("snapshot-at")
     for _ in range(count):
         before = await stamp.text_content()
-        await expect(stamp).not_to_have_text(before or "", timeout=EXPECT_TIMEOUT_MS)
+        await expect(stamp).not_to_have_text(before or "")
 
 
 async def create_key(gateway: RunningGateway, tenant: str) -> str:
@@ -161,8 +163,9 @@ async def simulated_call(
     finally:
         if not task.done():
             task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # Leaving early means the test already failed: that failure is the one to report, not
+        # whatever the cancelled simulator raises on its way out.
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def live_call_id(gateway: RunningGateway, task: asyncio.Task[SimulatedCallResult]) -> str:
@@ -270,7 +273,8 @@ async def test_admin_watches_live_spend_and_kills_new_calls(
             await expect(refusal).to_have_count(1)
             await expect(refusal).to_contain_text(DEFAULT_TENANT)
             await expect(refusal).to_contain_text(REFUSED_CALLER)
-            await expect(page.get_by_test_id("call-row")).to_have_count(0)
+            # Checked at once, not awaited: the refusal's snapshot would also carry its call.
+            assert await page.get_by_test_id("call-row").count() == 0
             assert not gateway.state.calls
             await page.screenshot(path=artifact_path("dashboard-e2e-refused.png"), full_page=True)
             assert errors == []
@@ -303,23 +307,28 @@ async def test_tenant_keys_see_only_their_own_calls(
                 await expect(call_row(own, call_id)).to_be_visible()
                 await expect(own.get_by_test_id("tenant-card")).to_have_count(1)
                 await expect(tenant_card(own, DEFAULT_TENANT)).to_be_visible()
-                await expect(own.get_by_test_id("kill-switch")).to_have_count(0)
-                await expect(own.get_by_test_id("kill-switch-confirm")).to_have_count(0)
+                # Absence is checked at once (an awaited "count 0" would pass on a later,
+                # emptier snapshot), on pages that have rendered snapshots of the live call.
+                assert await own.get_by_test_id("kill-switch").count() == 0
+                assert await own.get_by_test_id("kill-switch-confirm").count() == 0
                 # Another tenant, with snapshots taken while the call is live, sees none of it.
                 await fresh_snapshots(other)
-                assert gateway.state.calls_by_id, "the call ended too early to prove anything"
-                await expect(other.get_by_test_id("call-row")).to_have_count(0)
-                await expect(other.get_by_test_id("active-count")).to_have_text("0 calls")
-                await expect(other.get_by_test_id("tenant-card")).to_have_count(1)
-                await expect(tenant_card(other, OTHER_TENANT)).to_be_visible()
-                await expect(other.get_by_test_id("kill-switch")).to_have_count(0)
+                assert await other.get_by_test_id("call-row").count() == 0
+                assert await other.get_by_test_id("active-count").text_content() == "0 calls"
+                cards = other.get_by_test_id("tenant-card")
+                assert await cards.evaluate_all("cs => cs.map(c => c.dataset.tenant)") == [
+                    OTHER_TENANT
+                ]
+                assert await other.get_by_test_id("kill-switch").count() == 0
+                assert call_id in gateway.state.calls_by_id, "the call ended too soon to prove it"
+                await expect(call_row(own, call_id)).to_be_visible()
                 await call_task
 
             await expect(call_row(own, call_id)).to_have_count(0)
             await expect(ended_item(own, call_id)).to_be_visible()
             await fresh_snapshots(other)
-            await expect(other.get_by_test_id("ended-call")).to_have_count(0)
-            await expect(other.locator("body")).not_to_contain_text(call_id)
+            assert await other.get_by_test_id("ended-call").count() == 0
+            assert call_id not in await other.locator("body").inner_text()
             assert own_errors == [] and other_errors == []
         finally:
             await own_context.close()

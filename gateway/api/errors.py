@@ -30,6 +30,10 @@ CODE_PAYLOAD_TOO_LARGE = "payload_too_large"
 CODE_UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
 #: The spend store (Redis) cannot be reached: the request may be retried.
 CODE_UNAVAILABLE = "unavailable"
+#: The route exists but not with this HTTP method.
+CODE_METHOD_NOT_ALLOWED = "method_not_allowed"
+#: The telephony provider refused or failed a request made for this one (502).
+CODE_PROVIDER_ERROR = "provider_error"
 
 #: Every code the API can return (the OpenAPI document lists them).
 ERROR_CODES = (
@@ -43,6 +47,8 @@ ERROR_CODES = (
     CODE_PAYLOAD_TOO_LARGE,
     CODE_UNSUPPORTED_MEDIA_TYPE,
     CODE_UNAVAILABLE,
+    CODE_METHOD_NOT_ALLOWED,
+    CODE_PROVIDER_ERROR,
 )
 
 #: Longest message sent: one readable line. Messages may quote client input
@@ -112,6 +118,11 @@ def retry_after_header(seconds: float) -> str:
     if not math.isfinite(seconds):
         raise ValueError(f"retry-after must be finite, got {seconds!r}")
     return str(max(1, math.ceil(seconds)))
+
+
+def provider_error(message: str) -> ApiError:
+    """502: the provider (e.g. Twilio's REST API) did not do what was asked."""
+    return ApiError(502, CODE_PROVIDER_ERROR, message)
 
 
 def invalid_request(message: str, field: str | None = None) -> ApiError:

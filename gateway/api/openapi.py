@@ -44,6 +44,11 @@ _ERROR_RESPONSES: dict[str, tuple[str, dict[str, Any]]] = {
     "Forbidden": ("This key may not do that (`forbidden`).", {}),
     "NotFound": ("No such resource visible to this key (`not_found`).", {}),
     "Conflict": ("The resource's state does not allow this (`conflict`).", {}),
+    "ProviderError": (
+        "The telephony provider refused or failed the request (`provider_error`); "
+        "for a refused placement the reservation was released.",
+        {},
+    ),
     "Refused": (
         "The spend gate refused the call (`refused`); `reason` says why: kill_switch, "
         "global_concurrency, tenant_concurrency, caller_rate, campaign_rate, budget_day, "
@@ -79,6 +84,7 @@ _STATUS_OF = {
     "UnsupportedMediaType": "415",
     "RateLimited": "429",
     "Unavailable": "503",
+    "ProviderError": "502",
 }
 
 # Errors every authenticated endpoint can answer.
@@ -164,7 +170,7 @@ def _paths() -> dict[str, Any]:
                 "createCall",
                 "Place an outbound call (admitted by the spend gate first).",
                 {"201": _json_response("The call was admitted and is being placed.", "Call")},
-                errors=("Refused", "Forbidden"),
+                errors=("Refused", "Forbidden", "Conflict", "ProviderError"),
                 body=_body("CreateCallRequest", "The call to place."),
             ),
             "get": _operation(
@@ -187,7 +193,7 @@ def _paths() -> dict[str, Any]:
                 "hangUpCall",
                 "Ask the gateway to hang up a call.",
                 {"202": _json_response("Hang-up requested; the call as it is now.", "Call")},
-                errors=("NotFound", "Conflict"),
+                errors=("NotFound", "Conflict", "ProviderError", "InvalidRequest"),
             ),
         },
         "/v1/spend": {

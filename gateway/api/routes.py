@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from brains.tap import SessionEndReason
@@ -31,12 +31,14 @@ from gateway.api.api_keys import (
     parse_bearer,
 )
 from gateway.api.errors import (
+    CODE_METHOD_NOT_ALLOWED,
     ApiError,
     conflict,
     error_response,
     forbidden,
     invalid_request,
     not_found,
+    provider_error,
     rate_limited,
     refused,
     unauthorized,
@@ -283,9 +285,7 @@ async def create_call(request: Request, principal: Principal) -> Response:
     except CallControlFailure as exc:
         await gate.settle_unanswered(admission.call_id, "provider_error")
         log.warning("call %s: Twilio refused to place it (%s)", admission.call_id, exc.reason)
-        return error_response(
-            ApiError(502, "provider_error", f"Twilio did not place the call ({exc.reason})")
-        )
+        return error_response(provider_error(f"Twilio did not place the call ({exc.reason})"))
     assert state.spend_store is not None
     await state.spend_store.update_call(admission.call_id, provider_call_id=created.sid)
     record = await state.spend_store.get_call(admission.call_id)
@@ -351,9 +351,7 @@ async def delete_call(request: Request, principal: Principal) -> Response:
         assert state.control_channel is not None
         delivered = await state.control_channel.send(record["node"], "hangup", record["id"])
         if not delivered:
-            raise ApiError(
-                503, "unavailable", "the gateway holding this call is not answering; retry"
-            )
+            raise unavailable("the gateway holding this call is not answering; retry")
     else:
         await _cancel_unanswered(state, record)
     return JSONResponse(call_resource(record), status_code=202)
@@ -378,9 +376,7 @@ async def _cancel_unanswered(state: GatewayState, record: CallRecord) -> None:
             await control.cancel_or_hang_up(sid)
         except CallControlFailure as exc:
             if exc.reason != "already_ended":
-                raise ApiError(
-                    502, "provider_error", f"Twilio did not cancel the call ({exc.reason})"
-                ) from None
+                raise provider_error(f"Twilio did not cancel the call ({exc.reason})") from None
     assert state.spend_gate is not None
     await state.spend_gate.settle_unanswered(record["id"], "canceled")
 
@@ -529,6 +525,23 @@ async def openapi_document(request: Request) -> Response:
 
 def _json_dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+async def unrouted(request: Request, exc: Exception) -> Response:
+    """404/405 under ``/v1`` in the API's JSON error shape (elsewhere: Starlette's text)."""
+    status = getattr(exc, "status_code", 404)
+    if not request.url.path.startswith("/v1/"):
+        return PlainTextResponse(getattr(exc, "detail", "Not Found"), status_code=status)
+    if status == 405:
+        error = ApiError(
+            405,
+            CODE_METHOD_NOT_ALLOWED,
+            f"{request.method} is not allowed on {request.url.path[:100]}",
+            headers=dict(getattr(exc, "headers", None) or {}),
+        )
+    else:
+        error = not_found(f"no API endpoint {request.url.path[:100]}")
+    return error_response(error)
 
 
 def api_routes() -> list[BaseRoute]:

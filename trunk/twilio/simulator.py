@@ -255,6 +255,10 @@ class _Playback:
         return out.tobytes()
 
 
+#: How long a finished call waits for its reader task to drain the socket.
+READER_STOP_TIMEOUT_S = 5.0
+
+
 class TwilioSimulator:
     """Places simulated Twilio calls into a gateway reachable at ``public_url``.
 
@@ -420,9 +424,18 @@ class TwilioSimulator:
                 await ws.close()
             except ConnectionClosed:
                 pass
+            except asyncio.CancelledError:
+                # Cancelled mid-call: stop reading at once and let the cancellation through.
+                reader.cancel()
+                raise
             finally:
                 result.hung_up_by_provider = hangup.is_set()
-                await asyncio.wait_for(reader, timeout=5.0)
+                done, _ = await asyncio.wait({reader}, timeout=READER_STOP_TIMEOUT_S)
+                if not done:
+                    reader.cancel()
+                    raise TimeoutError("the simulated call's reader did not stop")
+                if not reader.cancelled():
+                    reader.result()  # re-raise what the reader hit
         result.heard_pcm = playback.heard()
         return result
 
