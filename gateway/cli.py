@@ -47,7 +47,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.config import ConfigError, GatewayConfig
+    from gateway.config import GatewayConfig
+    from gateway.env_values import ConfigError
     from gateway.server import uvicorn_config
 
     _setup_logging(args.log_level)
@@ -80,7 +81,7 @@ def cmd_brain(args: argparse.Namespace) -> int:
 
         from brains.realtime.config import RealtimeBrainConfig
         from brains.realtime.server import run_realtime_brain
-        from gateway.config import ConfigError
+        from gateway.env_values import ConfigError
 
         env = dict(os.environ)
         if args.bind is not None:
@@ -112,7 +113,7 @@ def cmd_tap_conformance(args: argparse.Namespace) -> int:
 
 
 def _auth_token_from_env() -> str | None:
-    from gateway.config import read_secret
+    from gateway.env_values import read_secret
 
     return read_secret(os.environ, "TWILIO_AUTH_TOKEN")
 

@@ -12,9 +12,9 @@ import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from gateway.env_values import ConfigError, env_bool, env_float, env_int, read_secret
 from gateway.reflex import (
     CONFIRM_FLOOR_DBFS,
     CONFIRM_MS,
@@ -22,7 +22,7 @@ from gateway.reflex import (
     RESUME_MS,
     ReflexConfig,
 )
-from gateway.spend_settings import SpendConfigError, SpendSettings
+from gateway.spend_settings import SpendSettings
 from gateway.tap_allowlist import TapUrlAllowlist
 from gateway.tool_registry import (
     DEFAULT_CALLS_PER_CALL,
@@ -55,77 +55,18 @@ DEFAULT_MARK_EVERY_FRAMES = 10
 DEFAULT_BRAIN_GRACE_MS = 0
 
 
-class ConfigError(ValueError):
-    """A configuration value is missing or malformed."""
-
-
-def read_secret(env: Mapping[str, str], name: str) -> str | None:
-    """Return secret ``name`` from ``NAME_FILE`` (wins) or ``NAME``; None when neither is set."""
-    file_var = f"{name}_FILE"
-    path = env.get(file_var)
-    if path:
-        try:
-            value = Path(path).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"{file_var}: cannot read {path!r}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(
-                f"{file_var}: {path!r} is not UTF-8 text (write a text secret, "
-                "e.g. `openssl rand -hex 32`)"
-            ) from None
-        if not value:
-            raise ConfigError(f"{file_var}: {path!r} is empty")
-        return value
-    value = env.get(name, "").strip()
-    return value or None
-
-
-def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "on", "yes"):
-        return True
-    if raw in ("0", "false", "off", "no"):
-        return False
-    raise ConfigError(f"{name} must be on/off (or true/false, 1/0), got {raw!r}")
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-
-
 def _reflex_config(env: Mapping[str, str]) -> ReflexConfig:
     return ReflexConfig(
-        min_speech_ms=_int(env, "RUTSTER_MIN_SPEECH_MS", int(MIN_SPEECH_MS), minimum=20),
-        trailing_silence_ms=_int(
+        min_speech_ms=env_int(env, "RUTSTER_MIN_SPEECH_MS", int(MIN_SPEECH_MS), minimum=20),
+        trailing_silence_ms=env_int(
             env, "RUTSTER_TURN_SILENCE_MS", int(TRAILING_SILENCE_MS), minimum=100
         ),
-        pause_ms=_int(env, "RUTSTER_BARGE_IN_PAUSE_MS", PAUSE_MS, minimum=20),
-        confirm_ms=_int(env, "RUTSTER_BARGE_IN_CONFIRM_MS", CONFIRM_MS, minimum=20),
-        confirm_floor_dbfs=_float(env, "RUTSTER_BARGE_IN_FLOOR_DBFS", CONFIRM_FLOOR_DBFS),
-        resume_ms=_int(env, "RUTSTER_BARGE_IN_RESUME_MS", RESUME_MS, minimum=20),
-        barge_in=_bool(env, "RUTSTER_BARGE_IN", True),
-        dtmf_barge_in=_bool(env, "RUTSTER_DTMF_BARGE_IN", False),
+        pause_ms=env_int(env, "RUTSTER_BARGE_IN_PAUSE_MS", PAUSE_MS, minimum=20),
+        confirm_ms=env_int(env, "RUTSTER_BARGE_IN_CONFIRM_MS", CONFIRM_MS, minimum=20),
+        confirm_floor_dbfs=env_float(env, "RUTSTER_BARGE_IN_FLOOR_DBFS", CONFIRM_FLOOR_DBFS),
+        resume_ms=env_int(env, "RUTSTER_BARGE_IN_RESUME_MS", RESUME_MS, minimum=20),
+        barge_in=env_bool(env, "RUTSTER_BARGE_IN", True),
+        dtmf_barge_in=env_bool(env, "RUTSTER_DTMF_BARGE_IN", False),
     )
 
 
@@ -234,7 +175,7 @@ class GatewayConfig:
             raise ConfigError(
                 f"RUTSTER_VAD must be one of {', '.join(DETECTOR_NAMES)}, got {vad!r}"
             )
-        echo_canceller = _bool(env, "RUTSTER_ECHO_CANCELLER", False)
+        echo_canceller = env_bool(env, "RUTSTER_ECHO_CANCELLER", False)
         if echo_canceller and importlib.util.find_spec("pywebrtc_audio") is None:
             raise ConfigError(
                 "RUTSTER_ECHO_CANCELLER=on needs the pywebrtc-audio package: "
@@ -252,21 +193,18 @@ class GatewayConfig:
         except ValueError as exc:
             raise ConfigError(f"RUTSTER_TRANSFER_ALLOWLIST: {exc}") from None
         tool_limits = ToolLimits(
-            calls_per_turn=_int(
+            calls_per_turn=env_int(
                 env, "RUTSTER_TOOL_CALLS_PER_TURN", DEFAULT_CALLS_PER_TURN, minimum=1
             ),
-            calls_per_call=_int(
+            calls_per_call=env_int(
                 env, "RUTSTER_TOOL_CALLS_PER_CALL", DEFAULT_CALLS_PER_CALL, minimum=1
             ),
-            timeout_ms=_int(env, "RUTSTER_TOOL_TIMEOUT_MS", DEFAULT_TOOL_TIMEOUT_MS, minimum=1),
-            result_max_bytes=_int(
+            timeout_ms=env_int(env, "RUTSTER_TOOL_TIMEOUT_MS", DEFAULT_TOOL_TIMEOUT_MS, minimum=1),
+            result_max_bytes=env_int(
                 env, "RUTSTER_TOOL_RESULT_MAX_BYTES", DEFAULT_RESULT_MAX_BYTES, minimum=64
             ),
         )
-        try:
-            spend = SpendSettings.from_env(env)
-        except SpendConfigError as exc:
-            raise ConfigError(str(exc)) from None
+        spend = SpendSettings.from_env(env)
         return cls(
             spend=spend,
             public_url=public_url,
@@ -278,13 +216,13 @@ class GatewayConfig:
                 secret.encode() if secret else secrets.token_bytes(GENERATED_SECRET_BYTES)
             ),
             stream_secret_generated=secret is None,
-            playout_max_ms=_int(env, "RUTSTER_PLAYOUT_MAX_MS", DEFAULT_MAX_MS, minimum=20),
-            pacer_lead_ms=_int(env, "RUTSTER_PACER_LEAD_MS", int(DEFAULT_LEAD_MS)),
-            pacer_start_ms=_int(env, "RUTSTER_PACER_START_MS", int(DEFAULT_START_MS)),
-            mark_every_frames=_int(
+            playout_max_ms=env_int(env, "RUTSTER_PLAYOUT_MAX_MS", DEFAULT_MAX_MS, minimum=20),
+            pacer_lead_ms=env_int(env, "RUTSTER_PACER_LEAD_MS", int(DEFAULT_LEAD_MS)),
+            pacer_start_ms=env_int(env, "RUTSTER_PACER_START_MS", int(DEFAULT_START_MS)),
+            mark_every_frames=env_int(
                 env, "RUTSTER_MARK_EVERY_FRAMES", DEFAULT_MARK_EVERY_FRAMES, minimum=1
             ),
-            brain_grace_ms=_int(env, "RUTSTER_BRAIN_GRACE_MS", DEFAULT_BRAIN_GRACE_MS),
+            brain_grace_ms=env_int(env, "RUTSTER_BRAIN_GRACE_MS", DEFAULT_BRAIN_GRACE_MS),
             twilio_account_sid=account_sid,
             twilio_api_base_url=api_base.rstrip("/"),
             transfer_allowlist=transfer_allowlist,

@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gateway.api.rate_limit import DEFAULT_BURST, DEFAULT_RATE_PER_S
+from gateway.env_values import ConfigError, env_float, env_int, env_pairs, read_secret
 from spend.gate import (
     DEFAULT_CALL_MAX_COST_MICROS,
     DEFAULT_CALL_MAX_DURATION_S,
@@ -57,10 +58,6 @@ TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 REFUSAL_RESPONSES = ("reject", "busy", "say")
 
 
-class SpendConfigError(ValueError):
-    """A spend/API setting is missing or malformed."""
-
-
 def _money(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name, "").strip()
     if not raw:
@@ -68,43 +65,7 @@ def _money(env: Mapping[str, str], name: str, default: int) -> int:
     try:
         return parse_money(raw)
     except ValueError as exc:
-        raise SpendConfigError(f"{name}: {exc} (write USD like 12.50)") from None
-
-
-def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SpendConfigError(f"{name} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise SpendConfigError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SpendConfigError(f"{name} must be a number, got {raw!r}") from None
-    if not value >= minimum:
-        raise SpendConfigError(f"{name} must be >= {minimum}, got {raw!r}")
-    return value
-
-
-def _pairs(env: Mapping[str, str], name: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for entry in filter(None, (e.strip() for e in env.get(name, "").split(","))):
-        key, sep, value = entry.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise SpendConfigError(f"{name} entries are KEY=VALUE, got {entry!r}")
-        out[key.strip()] = value.strip()
-    return out
+        raise ConfigError(f"{name}: {exc} (write USD like 12.50)") from None
 
 
 def default_node_id() -> str:
@@ -144,9 +105,7 @@ class SpendSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SpendSettings:
-        """Read the settings (default: ``os.environ``); raises :class:`SpendConfigError`."""
-        from gateway.config import ConfigError, read_secret
-
+        """Read the settings (default: ``os.environ``); raises :class:`ConfigError`."""
         env = os.environ if env is None else env
         redis_url = env.get("REDIS_URL", "").strip() or None
         if redis_url is not None and urlsplit(redis_url).scheme not in (
@@ -154,16 +113,13 @@ class SpendSettings:
             "rediss",
             "unix",
         ):
-            raise SpendConfigError(
+            raise ConfigError(
                 "REDIS_URL must be a redis://, rediss:// or unix:// URL "
                 f"(scheme was {urlsplit(redis_url).scheme!r})"
             )
-        try:
-            admin_key = read_secret(env, "RUTSTER_ADMIN_KEY")
-        except ConfigError as exc:
-            raise SpendConfigError(str(exc)) from None
+        admin_key = read_secret(env, "RUTSTER_ADMIN_KEY")
         if admin_key is not None and len(admin_key) < MIN_ADMIN_KEY_CHARS:
-            raise SpendConfigError(
+            raise ConfigError(
                 f"RUTSTER_ADMIN_KEY must be at least {MIN_ADMIN_KEY_CHARS} characters "
                 "(e.g. `openssl rand -hex 24`)"
             )
@@ -171,54 +127,54 @@ class SpendSettings:
         try:
             prices = PriceTable.from_file(prices_file) if prices_file else PriceTable.default()
         except (PriceFileError, OSError) as exc:
-            raise SpendConfigError(f"RUTSTER_PRICES_FILE: {exc}") from None
+            raise ConfigError(f"RUTSTER_PRICES_FILE: {exc}") from None
         try:
             defaults = TenantLimits(
                 budget_day=_money(env, "RUTSTER_DEFAULT_BUDGET_DAY", DEFAULT_BUDGET_DAY_MICROS),
                 budget_month=_money(
                     env, "RUTSTER_DEFAULT_BUDGET_MONTH", DEFAULT_BUDGET_MONTH_MICROS
                 ),
-                max_concurrent=_int(env, "RUTSTER_DEFAULT_MAX_CONCURRENT", DEFAULT_MAX_CONCURRENT),
-                caller_calls_per_hour=_int(
+                max_concurrent=env_int(
+                    env, "RUTSTER_DEFAULT_MAX_CONCURRENT", DEFAULT_MAX_CONCURRENT
+                ),
+                caller_calls_per_hour=env_int(
                     env, "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR", DEFAULT_CALLER_CALLS_PER_HOUR
                 ),
-                campaign_calls_per_minute=_int(
+                campaign_calls_per_minute=env_int(
                     env,
                     "RUTSTER_DEFAULT_CAMPAIGN_CALLS_PER_MINUTE",
                     DEFAULT_CAMPAIGN_CALLS_PER_MINUTE,
                 ),
             )
         except LimitsError as exc:
-            raise SpendConfigError(f"RUTSTER_DEFAULT_*: {exc}") from None
+            raise ConfigError(f"RUTSTER_DEFAULT_*: {exc}") from None
         on_down = env.get("RUTSTER_SPEND_ON_REDIS_DOWN", "").strip().lower() or "refuse"
         if on_down not in ("refuse", "admit"):
-            raise SpendConfigError(
+            raise ConfigError(
                 f"RUTSTER_SPEND_ON_REDIS_DOWN must be refuse or admit, got {on_down!r}"
             )
         policy = GatePolicy(
             default_limits=defaults,
-            max_call_duration_s=_int(
+            max_call_duration_s=env_int(
                 env, "RUTSTER_MAX_CALL_DURATION_S", DEFAULT_CALL_MAX_DURATION_S, minimum=1
             ),
             max_call_cost=_money(env, "RUTSTER_MAX_CALL_COST", DEFAULT_CALL_MAX_COST_MICROS),
             admit_when_store_down=on_down == "admit",
         )
         default_tenant = env.get("RUTSTER_DEFAULT_TENANT", "").strip() or DEFAULT_TENANT
-        by_number = _pairs(env, "RUTSTER_TENANT_BY_NUMBER")
+        by_number = env_pairs(env, "RUTSTER_TENANT_BY_NUMBER")
         for tenant in (default_tenant, *by_number.values()):
             if not TENANT_PATTERN.fullmatch(tenant):
-                raise SpendConfigError(
+                raise ConfigError(
                     f"tenant ids are lowercase letters, digits, - and _ (got {tenant!r})"
                 )
-        brains = _pairs(env, "RUTSTER_BRAINS")
+        brains = env_pairs(env, "RUTSTER_BRAINS")
         for name in brains:
             if not BRAIN_NAME_PATTERN.fullmatch(name):
-                raise SpendConfigError(
-                    f"RUTSTER_BRAINS: brain names are lowercase words, got {name!r}"
-                )
+                raise ConfigError(f"RUTSTER_BRAINS: brain names are lowercase words, got {name!r}")
         refusal = env.get("RUTSTER_REFUSAL_RESPONSE", "").strip().lower() or "reject"
         if refusal not in REFUSAL_RESPONSES:
-            raise SpendConfigError(
+            raise ConfigError(
                 f"RUTSTER_REFUSAL_RESPONSE must be one of {', '.join(REFUSAL_RESPONSES)}"
             )
         return cls(
@@ -233,11 +189,13 @@ class SpendSettings:
             brains=brains,
             refusal_response=refusal,
             goodbye_text=env.get("RUTSTER_GOODBYE_TEXT", "").strip() or None,
-            retention_s=_int(env, "RUTSTER_RETENTION_S", DEFAULT_RETENTION_S, minimum=60),
-            ledger_max_entries=_int(
+            retention_s=env_int(env, "RUTSTER_RETENTION_S", DEFAULT_RETENTION_S, minimum=60),
+            ledger_max_entries=env_int(
                 env, "RUTSTER_LEDGER_MAX_ENTRIES", DEFAULT_LEDGER_MAX_ENTRIES, minimum=1000
             ),
-            api_rate_per_s=_float(env, "RUTSTER_API_RATE_PER_S", DEFAULT_RATE_PER_S, minimum=0.01),
-            api_burst=_int(env, "RUTSTER_API_BURST", DEFAULT_BURST, minimum=1),
+            api_rate_per_s=env_float(
+                env, "RUTSTER_API_RATE_PER_S", DEFAULT_RATE_PER_S, minimum=0.01
+            ),
+            api_burst=env_int(env, "RUTSTER_API_BURST", DEFAULT_BURST, minimum=1),
             node_id=env.get("RUTSTER_NODE_ID", "").strip() or default_node_id(),
         )

@@ -555,7 +555,10 @@ class StoreKeys:
 
 
 def _load_script(name: str) -> str:
-    return (files("spend") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    """The script ``lua/<name>.lua`` behind the shared helpers of ``lua/common.lua``."""
+    folder = files("spend") / "lua"
+    common = (folder / "common.lua").read_text(encoding="utf-8")
+    return common + (folder / f"{name}.lua").read_text(encoding="utf-8")
 
 
 _SCRIPT_NAMES: Final = ("admit", "extend", "heartbeat", "settle", "reap", "annotate")

@@ -24,7 +24,7 @@ from gateway.api.api_keys import (
     parse_bearer,
 )
 from gateway.api.errors import ApiError
-from gateway.config import ConfigError
+from gateway.env_values import ConfigError
 from spend.embedded_redis import EmbeddedRedis
 
 NOW_MS = 1_764_504_000_000

@@ -14,9 +14,9 @@ from gateway.config import (
     DEFAULT_PUBLIC_URL,
     DEFAULT_TAP_URL,
     GENERATED_SECRET_BYTES,
-    ConfigError,
     GatewayConfig,
 )
+from gateway.env_values import ConfigError
 from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
 from media.playout import DEFAULT_MAX_MS
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
@@ -418,3 +418,77 @@ def test_reflex_knobs_from_the_environment() -> None:
 def test_reflex_knob_errors_are_clear(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         GatewayConfig.from_env(env)
+
+
+# ---- spend and API settings (gateway/spend_settings.py) -------------------------------
+
+
+def test_spend_defaults_are_embedded_redis_and_modest_tenant_limits() -> None:
+    spend = GatewayConfig.from_env({}).spend
+    assert spend.redis_url is None and spend.redis_prefix == "rutster"
+    assert spend.admin_key is None
+    assert spend.policy.admit_when_store_down is False
+    limits = spend.policy.default_limits
+    assert (limits.budget_day, limits.budget_month) == (20_000_000, 200_000_000)
+    assert limits.max_concurrent == 10 and limits.caller_calls_per_hour == 20
+    assert spend.tenant_for_number("+15550001111") == "default"
+    assert "admin_key" not in repr(spend)
+
+
+def test_spend_settings_are_read(tmp_path: Path) -> None:
+    key_file = tmp_path / "admin"
+    key_file.write_text("k" * 32 + "\n")
+    spend = GatewayConfig.from_env(
+        {
+            "REDIS_URL": "redis://redis.internal:6379/2",
+            "RUTSTER_REDIS_PREFIX": "gw2",
+            "RUTSTER_ADMIN_KEY_FILE": str(key_file),
+            "RUTSTER_ADMIN_KEY": "ignored-because-the-file-wins-000000",
+            "RUTSTER_DEFAULT_BUDGET_DAY": "12.50",
+            "RUTSTER_DEFAULT_MAX_CONCURRENT": "0",
+            "RUTSTER_MAX_CALL_COST": "0.75",
+            "RUTSTER_SPEND_ON_REDIS_DOWN": "admit",
+            "RUTSTER_TENANT_BY_NUMBER": "+15550001111=acme, +15550002222=globex",
+            "RUTSTER_BRAINS": "sales=wss://brains.internal/realtime",
+            "RUTSTER_REFUSAL_RESPONSE": "busy",
+            "RUTSTER_GOODBYE_TEXT": "Goodbye.",
+        }
+    ).spend
+    assert spend.redis_url == "redis://redis.internal:6379/2" and spend.redis_prefix == "gw2"
+    assert spend.admin_key == "k" * 32
+    assert spend.policy.default_limits.budget_day == 12_500_000
+    assert spend.policy.default_limits.max_concurrent == 0
+    assert spend.policy.max_call_cost == 750_000
+    assert spend.policy.admit_when_store_down is True
+    assert spend.tenant_for_number("+15550002222") == "globex"
+    assert spend.brains == {"sales": "wss://brains.internal/realtime"}
+    assert (spend.refusal_response, spend.goodbye_text) == ("busy", "Goodbye.")
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"REDIS_URL": "http://redis:6379"}, "REDIS_URL must be a redis://"),
+        ({"RUTSTER_ADMIN_KEY": "short"}, "at least 24 characters"),
+        ({"RUTSTER_DEFAULT_BUDGET_DAY": "12.5.0"}, "RUTSTER_DEFAULT_BUDGET_DAY"),
+        ({"RUTSTER_DEFAULT_BUDGET_DAY": "-1"}, "RUTSTER_DEFAULT_BUDGET_DAY"),
+        ({"RUTSTER_DEFAULT_MAX_CONCURRENT": "many"}, "must be an integer"),
+        ({"RUTSTER_SPEND_ON_REDIS_DOWN": "maybe"}, "refuse or admit"),
+        ({"RUTSTER_TENANT_BY_NUMBER": "+1555=Acme Corp"}, "tenant ids are lowercase"),
+        ({"RUTSTER_TENANT_BY_NUMBER": "+1555"}, "KEY=VALUE"),
+        ({"RUTSTER_BRAINS": "Sales=ws://x"}, "brain names are lowercase"),
+        ({"RUTSTER_REFUSAL_RESPONSE": "hangup"}, "RUTSTER_REFUSAL_RESPONSE"),
+        ({"RUTSTER_PRICES_FILE": "/nonexistent/prices.json"}, "RUTSTER_PRICES_FILE"),
+        ({"RUTSTER_API_RATE_PER_S": "nan"}, "RUTSTER_API_RATE_PER_S"),
+        ({"RUTSTER_RETENTION_S": "10"}, "RUTSTER_RETENTION_S must be >= 60"),
+    ],
+)
+def test_bad_spend_settings_are_refused_clearly(env: dict[str, str], fragment: str) -> None:
+    assert fragment in config_error(env)
+
+
+def test_a_bad_price_file_names_the_json_path(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"telephony": {}, "brains": {"gpt-realtime": {"audio_in_per_million": 3}}}')
+    message = config_error({"RUTSTER_PRICES_FILE": str(prices)})
+    assert "RUTSTER_PRICES_FILE" in message and "gpt-realtime" in message

@@ -17,7 +17,7 @@ from brains.realtime.mock_server import MockRealtimeServer
 from brains.realtime.server import RealtimeBrain
 from brains.realtime.translator import ERROR_AUTH_FAILED, ERROR_UPSTREAM_DISCONNECT
 from brains.tool_catalog import HANGUP_TOOL
-from gateway.config import ConfigError
+from gateway.env_values import ConfigError
 from gateway.launcher import LOOPBACK, realtime_brain_process
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
 from tests.test_realtime_e2e import SPEECH_FROM_S, pcm8k_slice, silence_8k

@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,163 +63,170 @@ def _ledger_balances(ledger: list[dict[str, str]], spent_by_day: int) -> None:
     assert settled == spent_by_day
 
 
+@dataclass
+class OutboundRig:
+    """A recording brain, the FAKE Twilio REST server answering with the simulated
+    callee, a gateway placing calls through it, and an HTTP client for its API."""
+
+    brain: RecordingBrain
+    fake: FakeTwilioRest
+    callee: SimulatedCallee
+    gateway: RunningGateway
+    client: httpx.AsyncClient
+
+
+@contextlib.asynccontextmanager
+async def outbound_rig(speech: bytes, **spend: Any) -> AsyncIterator[OutboundRig]:
+    """Everything an outbound call needs (``spend``: overrides of the fast settings)."""
+    callee = SimulatedCallee(speech[: 8000 * 2 * 20], auth_token=TEST_AUTH_TOKEN, tail_s=5)
+    async with (
+        RecordingBrain() as brain,
+        FakeTwilioRest(account_sid=ACCOUNT_SID, auth_token=TEST_AUTH_TOKEN) as fake,
+    ):
+        fake.on_answer = callee
+        config = gateway_config(
+            brain.url,
+            barge_in=False,
+            spend=fast_spend_settings(**spend),
+            twilio_account_sid=ACCOUNT_SID,
+            twilio_api_base_url=fake.base_url,
+        )
+        async with (
+            serve_gateway(config) as gateway,
+            httpx.AsyncClient(base_url=gateway.url, timeout=10) as client,
+        ):
+            yield OutboundRig(brain, fake, callee, gateway, client)
+
+
 @pytest.mark.parametrize("goodbye", [None, "Your budget is used up. Goodbye."])
 async def test_outbound_call_is_ended_by_the_gate_at_its_max_cost(
     speech_pcm: bytes, goodbye: str | None
 ) -> None:
-    callee = SimulatedCallee(speech_pcm[: 8000 * 2 * 20], auth_token=TEST_AUTH_TOKEN, tail_s=5)
-    async with (
-        RecordingBrain() as brain,
-        FakeTwilioRest(account_sid=ACCOUNT_SID, auth_token=TEST_AUTH_TOKEN) as fake,
-    ):
-        fake.on_answer = callee
-        config = gateway_config(
-            brain.url,
-            barge_in=False,
-            spend=fast_spend_settings(goodbye_text=goodbye),
-            twilio_account_sid=ACCOUNT_SID,
-            twilio_api_base_url=fake.base_url,
+    async with outbound_rig(speech_pcm, goodbye_text=goodbye) as rig:
+        brain, fake, callee, gateway, client = (
+            rig.brain, rig.fake, rig.callee, rig.gateway, rig.client
+        )  # fmt: skip
+        key = await _tenant_key(client, "acme")
+        auth = {"Authorization": f"Bearer {key}"}
+        response = await client.post(
+            "/v1/calls",
+            json={
+                "to": CALLEE,
+                "from": CALLER_ID,
+                "provider": "twilio",
+                "limits": {"max_cost": MAX_COST},
+                "metadata": {"crm_id": "42"},
+            },
+            headers=auth,
         )
-        async with (
-            serve_gateway(config) as gateway,
-            httpx.AsyncClient(base_url=gateway.url, timeout=10) as client,
-        ):
-            key = await _tenant_key(client, "acme")
-            auth = {"Authorization": f"Bearer {key}"}
-            response = await client.post(
-                "/v1/calls",
-                json={
-                    "to": CALLEE,
-                    "from": CALLER_ID,
-                    "provider": "twilio",
-                    "limits": {"max_cost": MAX_COST},
-                    "metadata": {"crm_id": "42"},
-                },
-                headers=auth,
-            )
-            assert response.status_code == 201, response.text
-            call = response.json()
-            call_id = call["id"]
-            assert call["status"] in ("queued", "ringing")
-            assert call["limits"]["max_cost"] == "0.030000"
-            assert call["metadata"] == {"crm_id": "42"}
+        assert response.status_code == 201, response.text
+        call = response.json()
+        call_id = call["id"]
+        assert call["status"] in ("queued", "ringing")
+        assert call["limits"]["max_cost"] == "0.030000"
+        assert call["metadata"] == {"crm_id": "42"}
 
-            # Twilio got one authorized create: the callee's number, our webhook with the
-            # call id, status callbacks, and its own time limit as a second line of defence.
-            creates = [r for r in fake.requests if r.path.endswith("/Calls.json")]
-            assert len(creates) == 1 and creates[0].authorized
-            form = creates[0].form
-            assert form["To"] == CALLEE and form["From"] == CALLER_ID
-            assert form["Url"] == f"{gateway.url}/twilio/voice?rutster_call={call_id}"
-            assert form["StatusCallback"].endswith(f"/twilio/status?rutster_call={call_id}")
-            assert int(form["TimeLimit"]) > 0
+        # Twilio got one authorized create: the callee's number, our webhook with the
+        # call id, status callbacks, and its own time limit as a second line of defence.
+        creates = [r for r in fake.requests if r.path.endswith("/Calls.json")]
+        assert len(creates) == 1 and creates[0].authorized
+        form = creates[0].form
+        assert form["To"] == CALLEE and form["From"] == CALLER_ID
+        assert form["Url"] == f"{gateway.url}/twilio/voice?rutster_call={call_id}"
+        assert form["StatusCallback"].endswith(f"/twilio/status?rutster_call={call_id}")
+        assert int(form["TimeLimit"]) > 0
 
-            # The callee answers; the brain hears the call; spend ticks up while it runs.
-            await eventually(lambda: bool(brain.of_type(Hello)), timeout_s=10)
-            hello = brain.of_type(Hello)[0]
-            assert isinstance(hello, Hello) and hello.call.direction == "out"
-            await eventually(lambda: call_id in gateway.state.calls_by_id, timeout_s=5)
-            costs = []
-            for _ in range(3):
-                await asyncio.sleep(0.6)
-                live = (await client.get(f"/v1/calls/{call_id}", headers=auth)).json()
-                if live["status"] != "in_progress":
-                    break
-                costs.append(live["spend"]["cost"])
-            assert len(costs) >= 2 and costs == sorted(costs) and costs[-1] > costs[0]
+        # The callee answers; the brain hears the call; spend ticks up while it runs.
+        await eventually(lambda: bool(brain.of_type(Hello)), timeout_s=10)
+        hello = brain.of_type(Hello)[0]
+        assert isinstance(hello, Hello) and hello.call.direction == "out"
+        await eventually(lambda: call_id in gateway.state.calls_by_id, timeout_s=5)
+        costs = []
+        for _ in range(3):
+            await asyncio.sleep(0.6)
+            live = (await client.get(f"/v1/calls/{call_id}", headers=auth)).json()
+            if live["status"] != "in_progress":
+                break
+            costs.append(live["spend"]["cost"])
+        assert len(costs) >= 2 and costs == sorted(costs) and costs[-1] > costs[0]
 
-            # The gate ends it at the cap: the brain is told why, Twilio is asked to hang up.
-            await eventually(lambda: bool(brain.of_type(SessionEnd)), timeout_s=10)
-            end = brain.of_type(SessionEnd)[0]
-            assert isinstance(end, SessionEnd) and end.reason.value == "budget_exhausted"
-            sid = next(iter(fake.created_calls))
-            await eventually(lambda: callee.results.get(sid) is not None, timeout_s=10)
-            assert callee.results[sid].hung_up_by_provider
-            updates = [r for r in fake.requests if r.path.endswith(f"/Calls/{sid}.json")]
-            assert len(updates) == 1 and updates[0].authorized
-            if goodbye is None:
-                assert updates[0].form == {"Status": "completed"}
-            else:  # a short <Say> goodbye, then <Hangup/>
-                assert goodbye in updates[0].form["Twiml"] and "<Hangup" in updates[0].form["Twiml"]
+        # The gate ends it at the cap: the brain is told why, Twilio is asked to hang up.
+        await eventually(lambda: bool(brain.of_type(SessionEnd)), timeout_s=10)
+        end = brain.of_type(SessionEnd)[0]
+        assert isinstance(end, SessionEnd) and end.reason.value == "budget_exhausted"
+        sid = next(iter(fake.created_calls))
+        await eventually(lambda: callee.results.get(sid) is not None, timeout_s=10)
+        assert callee.results[sid].hung_up_by_provider
+        updates = [r for r in fake.requests if r.path.endswith(f"/Calls/{sid}.json")]
+        assert len(updates) == 1 and updates[0].authorized
+        if goodbye is None:
+            assert updates[0].form == {"Status": "completed"}
+        else:  # a short <Say> goodbye, then <Hangup/>
+            assert goodbye in updates[0].form["Twiml"] and "<Hangup" in updates[0].form["Twiml"]
 
-            async def ended() -> dict[str, Any]:
-                body: dict[str, Any] = (
-                    await client.get(f"/v1/calls/{call_id}", headers=auth)
-                ).json()
-                return body
+        async def ended() -> dict[str, Any]:
+            body: dict[str, Any] = (await client.get(f"/v1/calls/{call_id}", headers=auth)).json()
+            return body
 
-            await eventually(lambda: call_id not in gateway.state.calls_by_id, timeout_s=10)
-            final = await ended()
-            assert final["status"] == "ended" and final["end_reason"] == "budget_exhausted"
-            settled = int(final["spend"]["settled"].replace(".", ""))
-            # Within the cap (the meter hangs up before a second it cannot pay for) and
-            # not trivially small: ~3 s of telephony at 10_000 micros/s.
-            assert MAX_COST_MICROS * 2 // 3 <= settled <= MAX_COST_MICROS
-            kinds = {r.get("type") for r in final["receipts"]}
-            assert {"call_started", "limit_reached", "call_ended", "settled"} <= kinds
+        await eventually(lambda: call_id not in gateway.state.calls_by_id, timeout_s=10)
+        final = await ended()
+        assert final["status"] == "ended" and final["end_reason"] == "budget_exhausted"
+        settled = int(final["spend"]["settled"].replace(".", ""))
+        # Within the cap (the meter hangs up before a second it cannot pay for) and
+        # not trivially small: ~3 s of telephony at 10_000 micros/s.
+        assert MAX_COST_MICROS * 2 // 3 <= settled <= MAX_COST_MICROS
+        kinds = {r.get("type") for r in final["receipts"]}
+        assert {"call_started", "limit_reached", "call_ended", "settled"} <= kinds
 
-            # The ledger has the reservation(s) and the settlement; they balance.
-            store = gateway.state.spend_store
-            assert store is not None
-            ledger = [e for e in reversed(await store.ledger(100)) if e["call"] == call_id]
-            assert ledger[0]["type"] == "reserve"
-            assert ledger[-1]["type"] == "settle" and int(ledger[-1]["amount"]) == settled
-            spend = (await client.get("/v1/spend", headers=auth)).json()
-            assert spend["today"]["spent"] == final["spend"]["settled"]
-            assert spend["today"]["reserved"] == "0.000000"
+        # The ledger has the reservation(s) and the settlement; they balance.
+        store = gateway.state.spend_store
+        assert store is not None
+        ledger = [e for e in reversed(await store.ledger(100)) if e["call"] == call_id]
+        assert ledger[0]["type"] == "reserve"
+        assert ledger[-1]["type"] == "settle" and int(ledger[-1]["amount"]) == settled
+        spend = (await client.get("/v1/spend", headers=auth)).json()
+        assert spend["today"]["spent"] == final["spend"]["settled"]
+        assert spend["today"]["reserved"] == "0.000000"
 
 
 async def test_delete_ends_a_live_outbound_call_with_api_hangup(speech_pcm: bytes) -> None:
-    callee = SimulatedCallee(speech_pcm[: 8000 * 2 * 20], auth_token=TEST_AUTH_TOKEN, tail_s=5)
-    async with (
-        RecordingBrain() as brain,
-        FakeTwilioRest(account_sid=ACCOUNT_SID, auth_token=TEST_AUTH_TOKEN) as fake,
-    ):
-        fake.on_answer = callee
-        config = gateway_config(
-            brain.url,
-            barge_in=False,
-            spend=fast_spend_settings(),
-            twilio_account_sid=ACCOUNT_SID,
-            twilio_api_base_url=fake.base_url,
+    async with outbound_rig(speech_pcm) as rig:
+        brain, fake, callee, gateway, client = (
+            rig.brain, rig.fake, rig.callee, rig.gateway, rig.client
+        )  # fmt: skip
+        key = await _tenant_key(client, "acme")
+        other = await _tenant_key(client, "globex")
+        auth = {"Authorization": f"Bearer {key}"}
+        created = await client.post(
+            "/v1/calls",
+            json={"to": CALLEE, "from": CALLER_ID, "provider": "twilio"},
+            headers=auth,
         )
-        async with (
-            serve_gateway(config) as gateway,
-            httpx.AsyncClient(base_url=gateway.url, timeout=10) as client,
-        ):
-            key = await _tenant_key(client, "acme")
-            other = await _tenant_key(client, "globex")
-            auth = {"Authorization": f"Bearer {key}"}
-            created = await client.post(
-                "/v1/calls",
-                json={"to": CALLEE, "from": CALLER_ID, "provider": "twilio"},
-                headers=auth,
-            )
-            assert created.status_code == 201, created.text
-            call_id = created.json()["id"]
-            await eventually(lambda: call_id in gateway.state.calls_by_id, timeout_s=10)
+        assert created.status_code == 201, created.text
+        call_id = created.json()["id"]
+        await eventually(lambda: call_id in gateway.state.calls_by_id, timeout_s=10)
 
-            # Another tenant cannot hang it up (nor learn that it exists).
-            stranger = await client.delete(
-                f"/v1/calls/{call_id}", headers={"Authorization": f"Bearer {other}"}
-            )
-            assert stranger.status_code == 404
-            assert call_id in gateway.state.calls_by_id
+        # Another tenant cannot hang it up (nor learn that it exists).
+        stranger = await client.delete(
+            f"/v1/calls/{call_id}", headers={"Authorization": f"Bearer {other}"}
+        )
+        assert stranger.status_code == 404
+        assert call_id in gateway.state.calls_by_id
 
-            deleted = await client.delete(f"/v1/calls/{call_id}", headers=auth)
-            assert deleted.status_code == 202, deleted.text
-            await eventually(lambda: bool(brain.of_type(SessionEnd)), timeout_s=10)
-            end = brain.of_type(SessionEnd)[0]
-            assert isinstance(end, SessionEnd) and end.reason.value == "api_hangup"
-            sid = next(iter(fake.created_calls))
-            await eventually(lambda: callee.results.get(sid) is not None, timeout_s=10)
-            assert callee.results[sid].hung_up_by_provider
-            await eventually(lambda: call_id not in gateway.state.calls_by_id, timeout_s=10)
-            final = (await client.get(f"/v1/calls/{call_id}", headers=auth)).json()
-            assert final["status"] == "ended" and final["end_reason"] == "api_hangup"
-            assert final["spend"]["settled"] is not None
-            again = await client.delete(f"/v1/calls/{call_id}", headers=auth)
-            assert again.status_code == 409
+        deleted = await client.delete(f"/v1/calls/{call_id}", headers=auth)
+        assert deleted.status_code == 202, deleted.text
+        await eventually(lambda: bool(brain.of_type(SessionEnd)), timeout_s=10)
+        end = brain.of_type(SessionEnd)[0]
+        assert isinstance(end, SessionEnd) and end.reason.value == "api_hangup"
+        sid = next(iter(fake.created_calls))
+        await eventually(lambda: callee.results.get(sid) is not None, timeout_s=10)
+        assert callee.results[sid].hung_up_by_provider
+        await eventually(lambda: call_id not in gateway.state.calls_by_id, timeout_s=10)
+        final = (await client.get(f"/v1/calls/{call_id}", headers=auth)).json()
+        assert final["status"] == "ended" and final["end_reason"] == "api_hangup"
+        assert final["spend"]["settled"] is not None
+        again = await client.delete(f"/v1/calls/{call_id}", headers=auth)
+        assert again.status_code == 409
 
 
 async def _inbound_call(gateway: RunningGateway, speech: bytes, seconds: float) -> Any:

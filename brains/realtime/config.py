@@ -16,7 +16,7 @@ from pathlib import Path
 from brains.bind import BRAIN_BIND_ENV, parse_bind
 from brains.tap import ToolSpec
 from brains.tool_catalog import parse_tool_list
-from gateway.config import ConfigError, read_secret
+from gateway.env_values import ConfigError, read_secret
 
 #: Default model: the GA ``gpt-realtime`` alias, the first model in the SDK's GA
 #: literal list (PROVIDERS.md §5.1); a dated snapshot pins behaviour if wanted.

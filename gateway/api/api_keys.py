@@ -27,7 +27,7 @@ from redis.typing import EncodableT, FieldT
 from gateway.api.errors import unauthorized
 from gateway.api.rate_limit import REDIS_UNAVAILABLE_ERRORS
 from gateway.api.schemas import API_KEY_PATTERN, KEY_LABEL_PATTERN, ROLES, TENANT_ID_PATTERN
-from gateway.config import ConfigError, read_secret
+from gateway.env_values import ConfigError, read_secret
 from spend.store import StoreUnavailable
 
 log = logging.getLogger(__name__)

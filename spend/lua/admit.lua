@@ -33,15 +33,7 @@ local force = ARGV[11] == '1'
 local retention_ms = tonumber(ARGV[12])
 local ledger_max, stream_max = ARGV[13], ARGV[14]
 
--- Lua 5.1 prints numbers with %.14g: large integers would lose digits, so every
--- computed number written back to Redis goes through %d.
-local function int(n)
-  return string.format('%d', n)
-end
-
-local function num(raw)
-  return tonumber(raw) or 0
-end
+-- int() and num() come from common.lua.
 
 -- A lease equal to now has expired ("(" = exclusive bound).
 local global_count = redis.call('ZCOUNT', KEYS[2], '(' .. now_s, '+inf')

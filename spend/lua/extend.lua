@@ -22,13 +22,7 @@ local amount = tonumber(ARGV[4])
 local now_s = ARGV[5]
 local now = tonumber(now_s)
 
-local function int(n)
-  return string.format('%d', n)
-end
-
-local function num(raw)
-  return tonumber(raw) or 0
-end
+-- int() and num() come from common.lua.
 
 local c = redis.call('HMGET', KEYS[1], 'tenant', 'day', 'month', 'status', 'seq', 'reserved',
   'max_cost', 'ext_seq', 'ext_reason')

@@ -17,13 +17,7 @@
 
 local prefix, now_s, hour = ARGV[1], ARGV[2], ARGV[4]
 
-local function int(n)
-  return string.format('%d', n)
-end
-
-local function num(raw)
-  return tonumber(raw) or 0
-end
+-- int() and num() come from common.lua.
 
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_s, 'LIMIT', 0, ARGV[3])
 local reaped = 0
@@ -36,17 +30,7 @@ for _, call_id in ipairs(expired) do
     local reserved = num(c[5])
     local amount = math.max(reserved, num(c[6]))
     local tenant_key = prefix .. ':tenant:' .. tenant
-    local day_key = tenant_key .. ':d:' .. c[2]
-    local month_key = tenant_key .. ':m:' .. c[3]
-    local hour_key = tenant_key .. ':h:' .. hour
-    redis.call('HINCRBY', day_key, 'spent', int(amount))
-    redis.call('HINCRBY', day_key, 'reserved', int(-reserved))
-    redis.call('EXPIRE', day_key, ARGV[8])
-    redis.call('HINCRBY', month_key, 'spent', int(amount))
-    redis.call('HINCRBY', month_key, 'reserved', int(-reserved))
-    redis.call('EXPIRE', month_key, ARGV[9])
-    redis.call('INCRBY', hour_key, int(amount))
-    redis.call('EXPIRE', hour_key, ARGV[10])
+    book(tenant_key, c[2], c[3], hour, amount, reserved, ARGV[8], ARGV[9], ARGV[10])
     redis.call('ZREM', tenant_key .. ':active', call_id)
     redis.call('HSET', call_key, 'status', 'ended', 'spent', int(amount), 'ended_ms', now_s,
       'end_reason', 'lease_expired', 'reaped', '1', 'owner_settled', '0', 'hour', hour)

@@ -26,13 +26,7 @@ local seq = tonumber(ARGV[3])
 local actual = tonumber(ARGV[4])
 local now_s, end_reason = ARGV[5], ARGV[6]
 
-local function int(n)
-  return string.format('%d', n)
-end
-
-local function num(raw)
-  return tonumber(raw) or 0
-end
+-- int() and num() come from common.lua.
 
 local c = redis.call('HMGET', KEYS[1], 'tenant', 'day', 'month', 'status', 'reserved', 'seq',
   'spent', 'reaped', 'owner_settled', 'hour')
@@ -43,8 +37,6 @@ local tenant, day, month, status = c[1], c[2], c[3], c[4]
 local reserved = num(c[5])
 local new_seq = math.max(seq, num(c[6]))
 local tenant_key = prefix .. ':tenant:' .. tenant
-local day_key = tenant_key .. ':d:' .. day
-local month_key = tenant_key .. ':m:' .. month
 
 if status == 'refused' then
   return {0, 'not_admitted', 0, 0}
@@ -53,13 +45,8 @@ end
 if status == 'ended' then
   if c[8] == '1' and c[9] ~= '1' then
     local delta = actual - num(c[7])
-    local hour_key = tenant_key .. ':h:' .. c[10]
-    redis.call('HINCRBY', day_key, 'spent', int(delta))
-    redis.call('EXPIRE', day_key, ARGV[11])
-    redis.call('HINCRBY', month_key, 'spent', int(delta))
-    redis.call('EXPIRE', month_key, ARGV[12])
-    redis.call('INCRBY', hour_key, int(delta))
-    redis.call('EXPIRE', hour_key, ARGV[13])
+    -- The reaper already released the reservation: only the spend moves.
+    book(tenant_key, day, month, c[10], delta, 0, ARGV[11], ARGV[12], ARGV[13])
     redis.call('HSET', KEYS[1], 'spent', int(actual), 'owner_settled', '1',
       'end_reason', end_reason, 'seq', int(new_seq))
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[9], '*',
@@ -70,15 +57,7 @@ if status == 'ended' then
   return {0, 'replayed', reserved, num(c[7])}
 end
 
-local hour_key = tenant_key .. ':h:' .. ARGV[7]
-redis.call('HINCRBY', day_key, 'spent', int(actual))
-redis.call('HINCRBY', day_key, 'reserved', int(-reserved))
-redis.call('EXPIRE', day_key, ARGV[11])
-redis.call('HINCRBY', month_key, 'spent', int(actual))
-redis.call('HINCRBY', month_key, 'reserved', int(-reserved))
-redis.call('EXPIRE', month_key, ARGV[12])
-redis.call('INCRBY', hour_key, int(actual))
-redis.call('EXPIRE', hour_key, ARGV[13])
+book(tenant_key, c[2], c[3], ARGV[7], actual, reserved, ARGV[11], ARGV[12], ARGV[13])
 redis.call('ZREM', KEYS[2], call_id)
 redis.call('ZREM', tenant_key .. ':active', call_id)
 redis.call('HSET', KEYS[1], 'status', 'ended', 'spent', int(actual), 'ended_ms', now_s,
