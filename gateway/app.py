@@ -189,6 +189,7 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
             await asyncio.gather(*(c.end(SessionEndReason.SHUTDOWN) for c in calls))
         if control is not None:
             await control.aclose()
+        state.stop_watchers()
         await stop_spend_services(state, spend_tasks)
 
     async def healthz(request: Request) -> Response:

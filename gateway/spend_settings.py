@@ -54,6 +54,10 @@ DEFAULT_LEDGER_MAX_ENTRIES = LEDGER_MAX_ENTRIES
 #: Names of configured brains usable in ``POST /v1/calls``: lowercase words.
 BRAIN_NAME_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+#: How long an admitted call may take to open its media stream before its admission
+#: is released (settled at zero, reason ``no_media``). Twilio opens the stream within
+#: a second or two of our TwiML; 30 s is far past that (seed decision).
+MEDIA_CONNECT_TIMEOUT_S = 30.0
 #: What a caller hears when admission refuses their call (TwiML).
 REFUSAL_RESPONSES = ("reject", "busy", "say")
 
@@ -93,6 +97,7 @@ class SpendSettings:
     api_rate_per_s: float = DEFAULT_RATE_PER_S
     api_burst: int = DEFAULT_BURST
     node_id: str = field(default_factory=default_node_id)
+    media_connect_timeout_s: float = MEDIA_CONNECT_TIMEOUT_S
 
     @property
     def journal_path(self) -> Path:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.call import Call
 from gateway.call_trail import CallTrail
@@ -51,6 +53,26 @@ class GatewayState:
     admin_key: AdminKey | None = None
     rate_limiter: RateLimiter | None = None
     control_channel: ControlChannel | None = None
+    #: Admissions waiting for their media stream, by call id.
+    media_watchers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    def watch_media_connect(self, call_id: str, watcher: Coroutine[Any, Any, None]) -> None:
+        """Run ``watcher`` (releases the admission if no stream opens) until the call's
+        stream starts here, or it finishes; a strong reference keeps it alive."""
+        task = asyncio.create_task(watcher, name=f"{call_id}:media-connect")
+        self.media_watchers[call_id] = task
+        task.add_done_callback(lambda _: self.media_watchers.pop(call_id, None))
+
+    def media_connected(self, call_id: str) -> None:
+        """The call's stream started in this process: its watcher is not needed."""
+        task = self.media_watchers.pop(call_id, None)
+        if task is not None:
+            task.cancel()
+
+    def stop_watchers(self) -> None:
+        """Cancel every media-connect watcher (shutdown)."""
+        for task in list(self.media_watchers.values()):
+            task.cancel()
 
     def add_call(self, call: Call) -> None:
         """Register a live call."""

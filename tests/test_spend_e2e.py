@@ -344,3 +344,31 @@ async def test_inbound_refusals_get_reject_twiml_and_a_ledger_entry(
         expected = "budget_day" if limit == "budget_day" else "tenant_concurrency"
         assert reasons == [expected]
         assert any(e["type"] == "refuse" for e in await store.ledger(10))
+
+
+async def test_an_admission_whose_media_never_comes_is_released(echo_brain: Any) -> None:
+    settings = fast_spend_settings(media_connect_timeout_s=0.3)
+    settings = replace(
+        settings,
+        policy=replace(settings.policy, default_limits=TenantLimits(max_concurrent=1)),
+    )
+    config = gateway_config(echo_brain.url, barge_in=False, spend=settings)
+    async with serve_gateway(config) as gateway:
+        simulator = TwilioSimulator(gateway.url, auth_token=TEST_AUTH_TOKEN)
+        first = await simulator.post_voice_webhook(
+            "CA" + "5" * 32, from_="+15550007777", to="+15550008888"
+        )
+        assert "<Stream" in first.text
+        busy = await simulator.post_voice_webhook(
+            "CA" + "6" * 32, from_="+15550007777", to="+15550008888"
+        )
+        assert "<Reject" in busy.text  # the one slot is held by the first admission
+        store = gateway.state.spend_store
+        assert store is not None
+        await eventually(lambda: not gateway.state.media_watchers, timeout_s=5)
+        (ended,) = await store.recent_ended(5)
+        assert ended["reason"] == "no_media" and ended["spent"] == "0"
+        again = await simulator.post_voice_webhook(
+            "CA" + "7" * 32, from_="+15550007777", to="+15550008888"
+        )
+        assert "<Stream" in again.text  # the slot and the money came back

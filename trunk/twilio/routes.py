@@ -167,6 +167,7 @@ async def twilio_voice(request: Request) -> Response:
             return admitted
         context = admitted
     spend = context.encode()
+    state.watch_media_connect(context.call_id, _release_if_never_connected(state, context.call_id))
     token = StreamTokenSigner(config.stream_secret).issue(call_sid, tap_url, spend)
     twiml = connect_stream_twiml(
         config.twilio_stream_url,
@@ -180,6 +181,21 @@ async def twilio_voice(request: Request) -> Response:
         },
     )
     return Response(twiml, media_type="text/xml")
+
+
+async def _release_if_never_connected(state: GatewayState, call_id: str) -> None:
+    """Settle an admission at zero if its media stream never opened (on any process)."""
+    await asyncio.sleep(state.config.spend.media_connect_timeout_s)
+    store, gate = state.spend_store, state.spend_gate
+    assert store is not None and gate is not None
+    try:
+        record = await store.get_call(call_id)
+        if record is not None and record["status"] == "admitted":
+            log.warning("call %s: admitted but no media stream came; releasing it", call_id)
+            await gate.settle_unanswered(call_id, "no_media")
+    except StoreUnavailable:
+        # Its lease runs out and any gateway's reaper settles it once Redis is back.
+        log.warning("call %s: could not release an unconnected admission (Redis)", call_id)
 
 
 def _refusal_twiml(state: GatewayState) -> Response:
@@ -434,6 +450,7 @@ async def twilio_stream(websocket: WebSocket) -> None:
         goodbye_text=config.spend.goodbye_text,
     )
     state.add_call(call)
+    state.media_connected(context.call_id)
     if state.spend_store is not None:
         try:
             await state.spend_store.update_call(
