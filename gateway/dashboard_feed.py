@@ -22,7 +22,7 @@ from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from gateway.api.api_keys import KeyStoreUnavailable, Principal
+from gateway.api.api_keys import ADMIN_ENV_KEY_ID, KeyStoreUnavailable, Principal, parse_bearer
 from gateway.api.errors import ApiError, error_response, unavailable
 from gateway.api.rate_limit import RateLimiterUnavailable
 from gateway.api.routes import authenticate, call_status, tenant_spend
@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 #: How often a snapshot is pushed. Seed decision: "live" to a person watching.
 DASHBOARD_PUSH_S = 1.0
+#: How often a live feed checks that its key still exists (a revoked key's feed ends).
+#: Seed decision: revocation takes effect within half a minute on open dashboards.
+KEY_RECHECK_S = 30.0
 #: Recent refusals / ended calls shown.
 RECENT_ITEMS = 10
 #: Tenants shown to an admin (the most recently active first is not tracked, so the
@@ -135,9 +138,17 @@ async def snapshot(state: GatewayState, principal: Principal) -> dict[str, Any]:
     }
 
 
-async def _events(state: GatewayState, principal: Principal) -> AsyncIterator[str]:
+async def _events(state: GatewayState, principal: Principal, key: str) -> AsyncIterator[str]:
+    loop = asyncio.get_running_loop()
+    checked = loop.time()
     while True:
         try:
+            if principal.key_id != ADMIN_ENV_KEY_ID and loop.time() - checked >= KEY_RECHECK_S:
+                checked = loop.time()
+                assert state.api_keys is not None
+                if await state.api_keys.lookup(key) is None:
+                    yield "event: revoked\ndata: {}\n\n"
+                    return
             body = await snapshot(state, principal)
         except StoreUnavailable:
             # The page keeps its last snapshot and shows it is not live.
@@ -156,8 +167,9 @@ async def dashboard_events(request: Request) -> Response:
         return error_response(exc)
     except (StoreUnavailable, KeyStoreUnavailable, RateLimiterUnavailable):
         return error_response(unavailable())
+    key = parse_bearer(request.headers.get("authorization")) or ""
     return StreamingResponse(
-        _events(state, principal),
+        _events(state, principal, key),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

@@ -636,6 +636,11 @@ function renderSnapshot(snap) {
 }
 
 function handleEvent(event) {
+  if (event.type === "revoked") {
+    // The server re-checks the key every 30 s and ends the feed when it is gone.
+    endSession("This API key was revoked.");
+    return false;
+  }
   if (event.type !== "snapshot") return; // other event types may come later; ignore them
   let snap;
   try {
