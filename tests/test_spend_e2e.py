@@ -20,8 +20,9 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.asyncio.server import ServerConnection
 
-from brains.tap import Hello, SessionEnd
+from brains.tap import Hello, SessionEnd, TapEncoder, Usage
 from spend.embedded_redis import EmbeddedRedis
 from spend.limits import TenantLimits
 from spend.meter import QuantumPolicy
@@ -372,3 +373,31 @@ async def test_an_admission_whose_media_never_comes_is_released(echo_brain: Any)
             "CA" + "7" * 32, from_="+15550007777", to="+15550008888"
         )
         assert "<Stream" in again.text  # the slot and the money came back
+
+
+class UsageBrain(RecordingBrain):
+    """Echoes like the recording brain and reports one upstream usage at the call's start."""
+
+    async def respond(self, ws: ServerConnection, encoder: TapEncoder, event: object) -> None:
+        if isinstance(event, Hello):
+            usage = Usage(model="gpt-realtime", output_audio_tokens=1_000, input_text_tokens=500)
+            await ws.send(encoder.encode(usage, 0.0))
+        await super().respond(ws, encoder, event)
+
+
+async def test_brain_usage_is_billed_at_the_models_rates(speech_pcm: bytes) -> None:
+    """1,000 audio-out tokens at 64 USD/M + 500 text-in at 4 USD/M = 66,000 micros."""
+    brain_cost = 1_000 * 64 + 500 * 4
+    async with UsageBrain() as brain:
+        config = gateway_config(brain.url, barge_in=False, spend=fast_spend_settings())
+        async with serve_gateway(config) as gateway:
+            result = await _inbound_call(gateway, speech_pcm, 2.0)
+            assert result.frames_sent == 100
+            store = gateway.state.spend_store
+            assert store is not None
+            await eventually(lambda: not gateway.state.calls, timeout_s=5)
+            (ended,) = await store.recent_ended(5)
+            spent = int(ended["spent"])
+            telephony = spent - brain_cost
+            # ~2.3 s of calls billed per second at 10_000 micros/s: 3 increments.
+            assert 2 * 10_000 <= telephony <= 4 * 10_000, spent
