@@ -234,7 +234,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"  caller      {_display_path(wav)}")
             report = asyncio.run(_run_call(url, wav, Path(args.out), 1.0, args.seconds, token))
             _print_call_report(report)
-            _print_spend(url, admin_key)
+            print(
+                _spend_line(url, admin_key)
+                + " (admitted, metered and settled through the embedded Redis)"
+            )
             metrics = _fetch_metrics(url)
     print(
         "gateway metrics: "
@@ -294,7 +297,10 @@ def cmd_demo_conversation(args: argparse.Namespace) -> int:
     )
     with realtime_brain_process() as brain:
         tap_url = f"ws://{LOOPBACK}:{brain.port}/realtime"
-        with gateway_process(_demo_gateway_env(tap_url, token), free_port()) as gateway:
+        admin_key = secrets.token_hex(24)
+        with gateway_process(
+            _demo_gateway_env(tap_url, token, admin_key=admin_key), free_port()
+        ) as gateway:
             url = f"http://{LOOPBACK}:{gateway.port}"
             print(f"  gateway         {url} (uvicorn)")
             print(f"  realtime brain  {tap_url} (its own process, MOCK upstream)")
@@ -306,6 +312,7 @@ def cmd_demo_conversation(args: argparse.Namespace) -> int:
             simulator = TwilioSimulator(url, auth_token=token)
             result = asyncio.run(simulator.place_call(script.pcm, tail_s=0.5))
             metrics = _fetch_metrics(url)
+            spend_line = _spend_line(url, admin_key)
     onsets = reply_onsets_ms(result.heard_pcm, script)
     for n, onset in enumerate(onsets, 1):
         heard = "no reply heard" if onset is None else f"reply heard {onset:.0f} ms after"
@@ -327,6 +334,7 @@ def cmd_demo_conversation(args: argparse.Namespace) -> int:
             )
         )
     )
+    print(spend_line + " (the MOCK brain reports token usage like the real one)")
     ok = all(onset is not None for onset in onsets) and hung_up
     print("demo " + ("OK: every turn was answered and the brain hung up" if ok else "FAILED"))
     return 0 if ok else 1
@@ -346,19 +354,28 @@ def _demo_gateway_env(
     }
 
 
-def _print_spend(url: str, admin_key: str) -> None:
+#: How long the demo waits for its call's settlement before printing the spend.
+DEMO_SETTLE_WAIT_S = 3.0
+
+
+def _spend_line(url: str, admin_key: str) -> str:
     """What the spend gate recorded for the demo tenant (through the REST API)."""
     import httpx
 
     headers = {"Authorization": f"Bearer {admin_key}"}
-    spend = httpx.get(
-        f"{url}/v1/spend", params={"tenant": "default"}, headers=headers, timeout=5
-    ).json()
-    today = spend["today"]
-    print(
+    deadline = time.monotonic() + DEMO_SETTLE_WAIT_S
+    while True:
+        spend = httpx.get(
+            f"{url}/v1/spend", params={"tenant": "default"}, headers=headers, timeout=5
+        ).json()
+        today = spend["today"]
+        # The call may still be settling when the caller's side has hung up.
+        if today["reserved"] == "0.000000" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return (
         f"  spend       tenant 'default' today: spent ${today['spent']} of a "
-        f"${today['budget']} day budget, ${today['reserved']} still reserved "
-        "(admitted, metered and settled through the embedded Redis)"
+        f"${today['budget']} day budget, ${today['reserved']} still reserved"
     )
 
 
