@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import socket
 import time
@@ -13,10 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-from twilio.http import HttpClient
-from twilio.http.response import Response as TwilioResponse
 from twilio.rest import Client
 
+from tests.twilio_sdk_recorder import RecordingSdkHttpClient
 from trunk.twilio.call_control import (
     CallControlError,
     CallUpdate,
@@ -372,32 +370,11 @@ def test_default_base_url_is_twilio() -> None:
     )
 
 
-class _RecordingSdkHttpClient(HttpClient):  # type: ignore[misc]  # twilio is untyped
-    """Captures what twilio-python would send instead of sending it."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.getLogger("tests.twilio_sdk"), is_async=False)
-        self.sent: list[dict[str, Any]] = []
-
-    def request(
-        self,
-        method: str,
-        uri: str,
-        params: dict[str, object] | None = None,
-        data: dict[str, object] | None = None,
-        headers: dict[str, str] | None = None,
-        auth: tuple[str, str] | None = None,
-        timeout: float | None = None,
-        allow_redirects: bool = False,
-    ) -> TwilioResponse:
-        self.sent.append({"method": method, "uri": uri, "data": data, "auth": auth})
-        body = {"sid": CALL_SID, "account_sid": ACCOUNT_SID, "status": "completed"}
-        return TwilioResponse(200, json.dumps(body))
-
-
 async def test_requests_match_what_twilio_python_sends(fake: FakeTwilioRest) -> None:
     twiml = transfer_twiml("+15551230000")
-    sdk_http = _RecordingSdkHttpClient()
+    sdk_http = RecordingSdkHttpClient(
+        200, {"sid": CALL_SID, "account_sid": ACCOUNT_SID, "status": "completed"}
+    )
     sdk = Client(ACCOUNT_SID, AUTH_TOKEN, http_client=sdk_http)
     sdk.calls(CALL_SID).update(twiml=twiml)
     sdk.calls(CALL_SID).update(status="completed")

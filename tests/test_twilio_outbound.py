@@ -11,8 +11,6 @@ ends it and the completed callback arrives.
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,12 +24,11 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from twilio.http import HttpClient
-from twilio.http.response import Response as TwilioResponse
 from twilio.rest import Client
 
 from brains.echo import EchoBrain
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
+from tests.twilio_sdk_recorder import RecordingSdkHttpClient
 from trunk.call_control import CallControlFailure
 from trunk.events import CallDirection
 from trunk.twilio.call_control import (
@@ -194,29 +191,6 @@ def _statuses(receiver: Receiver) -> list[str]:
 # ---- request shape ------------------------------------------------------------------
 
 
-class _RecordingSdkHttpClient(HttpClient):  # type: ignore[misc]  # twilio is untyped
-    """Captures what twilio-python would send instead of sending it."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.getLogger("tests.twilio_sdk"), is_async=False)
-        self.sent: list[dict[str, Any]] = []
-
-    def request(
-        self,
-        method: str,
-        uri: str,
-        params: dict[str, object] | None = None,
-        data: dict[str, object] | None = None,
-        headers: dict[str, str] | None = None,
-        auth: tuple[str, str] | None = None,
-        timeout: float | None = None,
-        allow_redirects: bool = False,
-    ) -> TwilioResponse:
-        self.sent.append({"method": method, "uri": uri, "data": data, "auth": auth})
-        body = {"sid": "CA" + "0" * 32, "account_sid": ACCOUNT_SID, "status": "queued"}
-        return TwilioResponse(201, json.dumps(body))
-
-
 def _multi(data: dict[str, object]) -> dict[str, list[str]]:
     """SDK form data (lists for repeated fields, ints) as name -> list of strings."""
     return {
@@ -229,7 +203,9 @@ async def test_create_call_matches_what_twilio_python_sends(
     fake: FakeTwilioRest, control: TwilioCallControl
 ) -> None:
     url, callback = "https://gw.example.com/twilio/voice", "https://gw.example.com/twilio/status"
-    sdk_http = _RecordingSdkHttpClient()
+    sdk_http = RecordingSdkHttpClient(
+        201, {"sid": "CA" + "0" * 32, "account_sid": ACCOUNT_SID, "status": "queued"}
+    )
     Client(ACCOUNT_SID, AUTH_TOKEN, http_client=sdk_http).calls.create(
         to=CALLEE,
         from_=CALLER,
