@@ -109,6 +109,7 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
     journal = SpendJournal(settings.journal_path)
     gate = SpendGate(store, settings.prices, journal, policy=settings.policy, node=settings.node_id)
     state.spend_gate = gate
+    state.metrics.spend_store_errors.set_function(lambda: gate.store_errors)
     state.api_keys = ApiKeyStore(redis, settings.redis_prefix)
     if settings.admin_key is not None:
         state.admin_key = AdminKey(settings.admin_key)

@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -25,7 +24,7 @@ from starlette.staticfiles import StaticFiles
 from gateway.api.api_keys import ADMIN_ENV_KEY_ID, KeyStoreUnavailable, Principal, parse_bearer
 from gateway.api.errors import ApiError, error_response, unavailable
 from gateway.api.rate_limit import RateLimiterUnavailable
-from gateway.api.routes import authenticate, call_status, tenant_spend
+from gateway.api.routes import authenticate, call_status, iso_time, tenant_spend
 from gateway.dashboard import STATIC_DIR
 from gateway.state import GatewayState
 from spend.gate import wall_ms
@@ -50,16 +49,6 @@ PAGE_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
-
-
-def _iso(ms: int | float | str | None) -> str | None:
-    if ms in (None, ""):
-        return None
-    try:
-        moment = datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _active_call(state: GatewayState, record: CallRecord, now_ms: int) -> dict[str, Any]:
@@ -107,7 +96,7 @@ async def snapshot(state: GatewayState, principal: Principal) -> dict[str, Any]:
         )
     refusals = [
         {
-            "at": _iso(r.get("at")),
+            "at": iso_time(r.get("at")),
             "tenant": r.get("tenant"),
             "reason": r.get("reason"),
             "caller": r.get("caller") or None,
@@ -117,7 +106,7 @@ async def snapshot(state: GatewayState, principal: Principal) -> dict[str, Any]:
     ][:RECENT_ITEMS]
     ended = [
         {
-            "at": _iso(r.get("at")),
+            "at": iso_time(r.get("at")),
             "id": r.get("call"),
             "tenant": r.get("tenant"),
             "reason": r.get("reason"),
@@ -127,7 +116,7 @@ async def snapshot(state: GatewayState, principal: Principal) -> dict[str, Any]:
         if only is None or r.get("tenant") == only
     ][:RECENT_ITEMS]
     return {
-        "at": _iso(now),
+        "at": iso_time(now),
         "role": "admin" if principal.is_admin else "tenant",
         "tenant": principal.tenant,
         "kill_switch": (await store.get_global()).killed,

@@ -155,6 +155,11 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        self.spend_store_errors = Gauge(
+            "rutster_spend_store_errors",
+            "Redis failures the spend gate met (admission, metering, settlement) since start",
+            registry=r,
+        )
         self.api_auth_failures = Counter(
             "rutster_api_auth_failures", "REST API requests with an unknown key", registry=r
         )

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from brains.tap import Usage
@@ -147,9 +147,7 @@ class SpendGate:
         self.policy = policy or GatePolicy()
         self.node = node
         self._wall_ms = clock_wall_ms
-        #: Counters (exported as metrics by the gateway).
-        self.admitted = 0
-        self.refused: dict[str, int] = {}
+        #: Redis failures met while admitting, metering or settling (a gateway metric).
         self.store_errors = 0
 
     async def tenant_limits(self, tenant: str) -> TenantLimits:
@@ -191,7 +189,6 @@ class SpendGate:
             return await self._store_down_admission(call_id, request, limits, quantum, sent=True)
         if not result.admitted:
             return self._refusal(call_id, result.reason, caps, quantum)
-        self.admitted += 1
         return Admission(call_id, True, "ok", caps, quantum)
 
     def _admit_request(
@@ -228,7 +225,6 @@ class SpendGate:
         )
 
     def _refusal(self, call_id: str, reason: str, caps: CallCaps, quantum: Micros) -> Admission:
-        self.refused[reason] = self.refused.get(reason, 0) + 1
         return Admission(call_id, False, reason, caps, quantum)
 
     async def _store_down_admission(
@@ -261,7 +257,6 @@ class SpendGate:
         await self.journal.record_admit(
             self._admit_request(call_id, request, caps, quantum, now, force=True)
         )
-        self.admitted += 1
         return Admission(call_id, True, "ok", caps, quantum, degraded=True)
 
     def open(self, admission: Admission, request: AdmissionRequest, started_ms: int) -> CallSpend:
@@ -427,6 +422,3 @@ class CallSpend:
         self._settled = True
         await self.gate._settle(self.call_id, seq=self._next_seq(), actual=actual, reason=reason)
         return actual
-
-
-AsyncHook = Callable[[], Awaitable[None]]

@@ -309,6 +309,7 @@ async def test_admission_fails_closed_while_redis_is_down(tmp_path: Path, echo_b
                 )
                 == 1
             )
+            assert gateway.metric("rutster_spend_store_errors") >= 1
             redis.start()
             response = await simulator.post_voice_webhook(
                 "CA" + "2" * 32, from_="+15550003333", to="+15550004444"

@@ -11,7 +11,6 @@ so ids cannot be probed.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -93,10 +92,14 @@ def _state(request: Request) -> GatewayState:
     return state
 
 
-def _iso(ms: int | None) -> str | None:
-    if ms is None:
+def iso_time(ms: int | str | None) -> str | None:
+    """Unix ms (an int, or a Redis field's text) as RFC 3339 UTC; None if absent or bad."""
+    if ms is None or ms == "":
         return None
-    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    try:
+        moment = datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
@@ -182,9 +185,9 @@ def call_resource(record: CallRecord, *, live_cost: int | None = None) -> dict[s
         "to": record["to"],
         "brain": record["brain"] or None,
         "campaign": record["campaign"] or None,
-        "created_at": _iso(record["created_ms"]),
-        "answered_at": _iso(record["answered_ms"]),
-        "ended_at": _iso(record["ended_ms"]),
+        "created_at": iso_time(record["created_ms"]),
+        "answered_at": iso_time(record["answered_ms"]),
+        "ended_at": iso_time(record["ended_ms"]),
         "end_reason": record["end_reason"],
         "limits": {
             "max_duration_s": record["max_duration_s"],
@@ -523,11 +526,7 @@ async def openapi_document(request: Request) -> Response:
     return JSONResponse(build_openapi(state.config.public_url))
 
 
-def _json_dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
-async def unrouted(request: Request, exc: Exception) -> Response:
+def unrouted(request: Request, exc: Exception) -> Response:
     """404/405 under ``/v1`` in the API's JSON error shape (elsewhere: Starlette's text)."""
     status = getattr(exc, "status_code", 404)
     if not request.url.path.startswith("/v1/"):
