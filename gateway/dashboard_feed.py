@@ -24,7 +24,7 @@ from starlette.staticfiles import StaticFiles
 from gateway.api.api_keys import ADMIN_ENV_KEY_ID, KeyStoreUnavailable, Principal, parse_bearer
 from gateway.api.errors import ApiError, error_response, unavailable
 from gateway.api.rate_limit import RateLimiterUnavailable
-from gateway.api.routes import authenticate, call_status, iso_time, tenant_spend
+from gateway.api.routes import authenticate, call_status, iso_time, live_cost, tenant_spend
 from gateway.dashboard import STATIC_DIR
 from gateway.state import GatewayState
 from spend.gate import wall_ms
@@ -53,11 +53,8 @@ PAGE_CSP = (
 
 def _active_call(state: GatewayState, record: CallRecord, now_ms: int) -> dict[str, Any]:
     local = state.calls_by_id.get(record["id"])
-    cost = record["cost"]
-    reflex_state = None
-    if local is not None and local.spend is not None:
-        cost = local.spend.meter.cost_ms(round(local.clock_ms()))
-        reflex_state = local.reflex.state.value
+    cost = live_cost(state, record["id"])
+    reflex_state = local.reflex.state.value if local is not None else None
     since = record["answered_ms"] or record["created_ms"]
     return {
         "id": record["id"],
@@ -67,7 +64,7 @@ def _active_call(state: GatewayState, record: CallRecord, now_ms: int) -> dict[s
         "brain": record["brain"],
         "state": reflex_state or call_status(record),
         "duration_s": round(max(0, now_ms - since) / 1000, 1),
-        "spend": format_money(cost),
+        "spend": format_money(record["cost"] if cost is None else cost),
         "reserved": format_money(record["reserved"]),
     }
 

@@ -203,7 +203,8 @@ def call_resource(record: CallRecord, *, live_cost: int | None = None) -> dict[s
     }
 
 
-def _live_cost(state: GatewayState, call_id: str) -> int | None:
+def live_cost(state: GatewayState, call_id: str) -> int | None:
+    """The running cost of a call this process holds (None elsewhere)."""
     call = state.calls_by_id.get(call_id)
     if call is None or call.spend is None:
         return None
@@ -310,7 +311,7 @@ async def list_calls(request: Request, principal: Principal) -> Response:
     except ValueError:
         raise invalid_request("cursor is not one this API issued", "cursor") from None
     data = [
-        call_resource(r, live_cost=_live_cost(state, r["id"]))
+        call_resource(r, live_cost=live_cost(state, r["id"]))
         for r in records
         if query.status is None or call_status(r) == query.status
     ]
@@ -335,7 +336,7 @@ async def get_call(request: Request, principal: Principal) -> Response:
     state = _state(request)
     record = await _own_call(request, principal)
     assert state.spend_store is not None
-    resource = call_resource(record, live_cost=_live_cost(state, record["id"]))
+    resource = call_resource(record, live_cost=live_cost(state, record["id"]))
     resource["receipts"] = await state.spend_store.receipts(record["id"])
     return JSONResponse(resource)
 
