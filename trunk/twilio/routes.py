@@ -26,14 +26,14 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from brains.tap import SessionEndReason
-from gateway.call import Call, monotonic_ms
+from gateway.media_session import StreamEnded, release_if_never_connected, run_metered_call
 from gateway.spend_context import PARAM_SPEND, BadSpendContext, SpendContext
 from gateway.state import GatewayState
-from spend.gate import Admission, AdmissionRequest, wall_ms
-from spend.meter import CallCaps
+from spend.gate import AdmissionRequest
 from spend.store import StoreUnavailable
 from trunk.events import (
     IngressCommand,
+    IngressEvent,
     IngressProtocolError,
     StreamStarted,
     StreamStopped,
@@ -167,7 +167,10 @@ async def twilio_voice(request: Request) -> Response:
             return admitted
         context = admitted
     spend = context.encode()
-    state.watch_media_connect(context.call_id, _release_if_never_connected(state, context.call_id))
+    state.watch_media_connect(
+        context.call_id,
+        release_if_never_connected(state, context.call_id, config.spend.media_connect_timeout_s),
+    )
     token = StreamTokenSigner(config.stream_secret).issue(call_sid, tap_url, spend)
     twiml = connect_stream_twiml(
         config.twilio_stream_url,
@@ -181,21 +184,6 @@ async def twilio_voice(request: Request) -> Response:
         },
     )
     return Response(twiml, media_type="text/xml")
-
-
-async def _release_if_never_connected(state: GatewayState, call_id: str) -> None:
-    """Settle an admission at zero if its media stream never opened (on any process)."""
-    await asyncio.sleep(state.config.spend.media_connect_timeout_s)
-    store, gate = state.spend_store, state.spend_gate
-    assert store is not None and gate is not None
-    try:
-        record = await store.get_call(call_id)
-        if record is not None and record["status"] == "admitted":
-            log.warning("call %s: admitted but no media stream came; releasing it", call_id)
-            await gate.settle_unanswered(call_id, "no_media")
-    except StoreUnavailable:
-        # Its lease runs out and any gateway's reaper settles it once Redis is back.
-        log.warning("call %s: could not release an unconnected admission (Redis)", call_id)
 
 
 def _refusal_twiml(state: GatewayState) -> Response:
@@ -418,80 +406,38 @@ async def twilio_stream(websocket: WebSocket) -> None:
         await _refuse(websocket, CLOSE_POLICY_VIOLATION, "brain URL not allowed")
         return
     edge = TwilioEdge(websocket, codec)
-    gate = state.spend_gate
-    assert gate is not None, "the spend gate starts with the app"
-    spend = gate.open(
-        Admission(
-            context.call_id,
-            True,
-            "ok",
-            CallCaps(context.max_duration_s, context.max_cost),
-            context.first_quantum,
-            context.degraded,
-        ),
-        AdmissionRequest(
-            tenant=context.tenant,
-            provider="twilio",
-            direction=context.direction,
-            caller=started.call.from_,
-            to=started.call.to,
-            brain=tap_url,
-        ),
-        round(monotonic_ms()),
-    )
-    call = Call(
-        started,
-        tap_url=tap_url,
-        config=config,
-        metrics=metrics,
-        edge=edge,
-        call_control=state.twilio_call_control,
-        spend=spend,
-        goodbye_text=config.spend.goodbye_text,
-    )
-    state.add_call(call)
-    state.media_connected(context.call_id)
-    if state.spend_store is not None:
-        try:
-            await state.spend_store.update_call(
-                context.call_id, status="active", answered_ms=wall_ms()
-            )
-        except StoreUnavailable:
-            log.warning("call %s: Redis unreachable at answer; metering locally", call.call_id)
-    reason = SessionEndReason.CALLER_HANGUP
-    try:
-        await call.start()
-        while not call.ended.is_set():
+
+    async def next_event() -> IngressEvent | StreamEnded:
+        while True:
             text = await _receive_text(websocket, state)
             if isinstance(text, _Closed):
                 if text.code == CLOSE_SERVICE_RESTART:
-                    reason = SessionEndReason.SHUTDOWN  # uvicorn closing sockets on shutdown
-                break
+                    # uvicorn closing sockets on shutdown
+                    return StreamEnded(SessionEndReason.SHUTDOWN)
+                return StreamEnded(SessionEndReason.CALLER_HANGUP)
             try:
-                event = codec.receive(text)
+                return codec.receive(text)
             except UnknownIngressEvent as exc:
                 metrics.unknown_events.labels("twilio").inc()
-                log.debug("call %s: unknown Twilio event %.40r", call.session_id, exc.event_type)
-                continue
+                log.debug("call %s: unknown Twilio event %.40r", context.call_id, exc.event_type)
             except IngressProtocolError as exc:
                 metrics.bad_messages.labels("twilio", exc.reason).inc()
                 if exc.fatal:
-                    log.warning("call %s: closing media socket: %s", call.session_id, exc)
-                    reason = SessionEndReason.ERROR
+                    log.warning("call %s: closing media socket: %s", context.call_id, exc)
                     await edge.close(exc.reason)
-                    break
-                log.debug("call %s: dropped Twilio message: %s", call.session_id, exc)
-                continue
-            await call.on_ingress(event)
-            if isinstance(event, StreamStopped):
-                break
-    except asyncio.CancelledError:
-        reason = SessionEndReason.SHUTDOWN
-        raise
-    finally:
-        await call.end(reason)
-        state.remove_call(call)
-        await edge.close("call ended")
+                    return StreamEnded(SessionEndReason.ERROR)
+                log.debug("call %s: dropped Twilio message: %s", context.call_id, exc)
+
+    await run_metered_call(
+        state,
+        started=started,
+        context=context,
+        tap_url=tap_url,
+        edge=edge,
+        provider="twilio",
+        call_control=state.twilio_call_control,
+        next_event=next_event,
+    )
 
 
 async def _await_start(
