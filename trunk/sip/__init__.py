@@ -1,0 +1,1 @@
+"""SIP legs: pjsua2 worker processes bridged to the gateway over the internal media WebSocket."""
