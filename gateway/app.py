@@ -34,6 +34,7 @@ from spend.embedded_redis import EmbeddedRedis
 from spend.gate import SpendGate
 from spend.journal import SpendJournal
 from spend.store import REDIS_CONNECT_TIMEOUT_S, SpendStore, StoreUnavailable, redis_client
+from trunk.sip.gateway_routes import sip_stream, sip_workers
 from trunk.twilio.call_control import TwilioCallControl
 from trunk.twilio.routes import twilio_status, twilio_stream, twilio_voice
 
@@ -217,6 +218,8 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
             Route("/twilio/voice", twilio_voice, methods=["GET", "POST"]),
             Route("/twilio/status", twilio_status, methods=["POST"]),
             WebSocketRoute("/twilio/stream", twilio_stream),
+            WebSocketRoute("/sip/workers", sip_workers),
+            WebSocketRoute("/sip/stream", sip_stream),
             *api_routes(),
             *dashboard_routes(),
         ],

@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from gateway.admin_cli import add_admin_parser
+from trunk.sip.cli import add_sip_parsers
 
 #: The recorded speech shipped with the project (tests/fixtures/audio/README.md).
 DEFAULT_CALLER_WAV = (
@@ -478,6 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     add_admin_parser(sub)
+    add_sip_parsers(sub)
     return parser
 
 

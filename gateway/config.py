@@ -114,6 +114,13 @@ class GatewayConfig:
     echo_canceller: bool = False
     #: The spend gate, REST API and Redis settings (gateway/spend_settings.py).
     spend: SpendSettings = field(default_factory=SpendSettings)
+    #: Shared secret SIP workers present on ``/sip/workers`` (None: SIP is off).
+    sip_secret: str | None = field(default=None, repr=False)
+
+    @property
+    def sip_enabled(self) -> bool:
+        """True when SIP workers may connect (``RUTSTER_SIP_SECRET`` is set)."""
+        return self.sip_secret is not None
 
     @property
     def twilio_rest_enabled(self) -> bool:
@@ -205,7 +212,11 @@ class GatewayConfig:
             ),
         )
         spend = SpendSettings.from_env(env)
+        sip_secret = read_secret(env, "RUTSTER_SIP_SECRET")
+        if sip_secret is not None and len(sip_secret.encode()) < MIN_SECRET_BYTES:
+            raise ConfigError(f"RUTSTER_SIP_SECRET must be at least {MIN_SECRET_BYTES} bytes long")
         return cls(
+            sip_secret=sip_secret,
             spend=spend,
             public_url=public_url,
             tap_url=tap_url,

@@ -146,3 +146,22 @@ def gateway_process(
             yield service
         finally:
             service.stop()
+
+
+@contextmanager
+def sip_worker_process(
+    env: Mapping[str, str], port: int | None = None, *, quiet: bool = True
+) -> Iterator[Service]:
+    """One SIP worker (``rutster sip-worker``) in its own process, ready once its TCP
+    transport listens (UDP and TCP share the port)."""
+    port = port or free_port()
+    service = spawn(
+        ["sip-worker", "--sip-port", str(port), "--log-level", "warning" if quiet else "debug"],
+        port=port,
+        env={"RUTSTER_SIP_BIND": LOOPBACK, **env},
+        quiet=quiet,
+    )
+    try:
+        yield service
+    finally:
+        service.stop()

@@ -13,6 +13,7 @@ from gateway.call_trail import CallTrail
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from trunk.call_control import ProviderCallControl
+from trunk.sip.worker_links import SipCallControl, SipWorkerRegistry
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -53,6 +54,9 @@ class GatewayState:
     admin_key: AdminKey | None = None
     rate_limiter: RateLimiter | None = None
     control_channel: ControlChannel | None = None
+    #: SIP worker processes connected on ``/sip/workers``, and their calls' call control.
+    sip_workers: SipWorkerRegistry = field(default_factory=SipWorkerRegistry)
+    sip_call_control: SipCallControl = field(default_factory=SipCallControl)
     #: Admissions waiting for their media stream, by call id.
     media_watchers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 

@@ -411,11 +411,11 @@ BAD_CREATE_REQUESTS: list[tuple[str, bytes, str | None, int, str | None]] = [
     ("from not E.164", _body(**{"from": "alice"}), "application/json", 422, "from"),
     ("sip URI via twilio", _body(to="sip:alice@pbx.example.com"), "application/json", 422, "to"),
     (
-        "provider sip (not available)",
+        "provider sip without a SIP worker connected",
         _body(to="sip:alice@pbx.example.com", provider="sip"),
         "application/json",
-        422,
-        "provider",
+        409,
+        None,
     ),
     ("unknown provider", _body(provider="skype"), "application/json", 422, "provider"),
     (
@@ -479,6 +479,7 @@ async def test_bad_create_requests_create_nothing_and_reserve_nothing(setup: Set
             422: "invalid_request",
             415: "unsupported_media_type",
             413: "payload_too_large",
+            409: "conflict",
         }
         assert error["code"] == expected_code[status], case
     # No call, no money, nothing dialled, nothing in the ledger.

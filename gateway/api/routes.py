@@ -63,12 +63,14 @@ from gateway.api.validation import (
     require_json_content_type,
 )
 from gateway.config import public_http_url
+from gateway.spend_context import SpendContext
 from gateway.state import GatewayState
-from spend.gate import AdmissionRequest, new_call_id, wall_ms
+from spend.gate import Admission, AdmissionRequest, new_call_id, wall_ms
 from spend.limits import LimitsError, TenantLimits
 from spend.money import format_money, parse_money
 from spend.store import CallRecord, SpendTotals, StoreUnavailable, time_buckets
 from trunk.call_control import CallControlFailure
+from trunk.sip.gateway_routes import cancel_sip_dial, dial_sip_call
 from trunk.twilio.call_control import TwilioCallControl
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,8 @@ QUERY_CALL = "rutster_call"
 #: Let an outbound call ring this long before Twilio gives up (Twilio's own default is
 #: 60 s; 30 s is what a person waits; seed decision).
 RING_TIMEOUT_S = 30
+#: ``provider_call_id`` of a SIP call the API placed: the worker that dials it.
+SIP_CALL_PREFIX = "sip-worker:"
 #: Twilio's ``TimeLimit`` is our max duration plus this margin: a second line of
 #: defence that only acts if our own enforcement failed.
 TIME_LIMIT_MARGIN_S = 60
@@ -230,15 +234,14 @@ async def create_call(request: Request, principal: Principal) -> Response:
     tenant = _tenant_of(principal)
     body = parse_create_call_body(await _body(request))
     settings = state.config.spend
-    if body["provider"] != "twilio":
-        raise invalid_request(
-            f"provider {body['provider']!r} is not available on this gateway yet", "provider"
-        )
+    provider = body["provider"]
     control = state.twilio_call_control
-    if not isinstance(control, TwilioCallControl):
+    if provider == "twilio" and not isinstance(control, TwilioCallControl):
         raise conflict(
             "outbound Twilio calls need TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN on the gateway"
         )
+    if provider == "sip" and len(state.sip_workers) == 0:
+        raise conflict("outbound SIP calls need a SIP worker connected to this gateway")
     brain = body.get("brain")
     if brain is None:
         tap_url = state.config.tap_url
@@ -255,7 +258,7 @@ async def create_call(request: Request, principal: Principal) -> Response:
     assert gate is not None
     admission_request = AdmissionRequest(
         tenant=tenant,
-        provider="twilio",
+        provider=provider,
         direction="outbound",
         caller=body["from"],
         to=body["to"],
@@ -274,6 +277,9 @@ async def create_call(request: Request, principal: Principal) -> Response:
     if admission.degraded:
         # Fail-open admission with Redis down: nothing to read the call back from.
         raise unavailable()
+    if provider == "sip":
+        return await _dial_sip(state, admission, tenant, body, tap_url)
+    assert isinstance(control, TwilioCallControl)
     query = urlencode({QUERY_CALL: admission.call_id})
     voice_url = public_http_url(state.config.public_url, "/twilio/voice") + "?" + query
     status_url = public_http_url(state.config.public_url, "/twilio/status") + "?" + query
@@ -293,6 +299,40 @@ async def create_call(request: Request, principal: Principal) -> Response:
     assert state.spend_store is not None
     await state.spend_store.update_call(admission.call_id, provider_call_id=created.sid)
     record = await state.spend_store.get_call(admission.call_id)
+    if record is None:  # pragma: no cover - just written; only a flush of Redis loses it
+        raise unavailable()
+    return JSONResponse(call_resource(record), status_code=201)
+
+
+async def _dial_sip(
+    state: GatewayState, admission: Admission, tenant: str, body: dict[str, Any], tap_url: str
+) -> Response:
+    """Hand an admitted outbound SIP call to a connected SIP worker."""
+    gate, store = state.spend_gate, state.spend_store
+    assert gate is not None and store is not None
+    context = SpendContext(
+        admission.call_id,
+        tenant,
+        "outbound",
+        admission.caps.max_duration_s,
+        admission.caps.max_cost_micros,
+        admission.first_quantum,
+    )
+    placed = await dial_sip_call(
+        state,
+        call_id=admission.call_id,
+        to=body["to"],
+        from_=body["from"],
+        tap_url=tap_url,
+        context=context,
+    )
+    if placed is None:
+        await gate.settle_unanswered(admission.call_id, "provider_error")
+        return error_response(provider_error("no SIP worker could take the call"))
+    await store.update_call(
+        admission.call_id, provider_call_id=f"{SIP_CALL_PREFIX}{placed.worker_id}"
+    )
+    record = await store.get_call(admission.call_id)
     if record is None:  # pragma: no cover - just written; only a flush of Redis loses it
         raise unavailable()
     return JSONResponse(call_resource(record), status_code=201)
@@ -375,7 +415,10 @@ async def hang_up_local_call(state: GatewayState, call_id: str) -> None:
 async def _cancel_unanswered(state: GatewayState, record: CallRecord) -> None:
     control = state.twilio_call_control
     sid = record["provider_call_id"]
-    if sid and isinstance(control, TwilioCallControl):
+    if record["provider"] == "sip":
+        if sid.startswith(SIP_CALL_PREFIX):
+            await cancel_sip_dial(state, sid.removeprefix(SIP_CALL_PREFIX), record["id"])
+    elif sid and isinstance(control, TwilioCallControl):
         try:
             await control.cancel_or_hang_up(sid)
         except CallControlFailure as exc:
