@@ -24,7 +24,9 @@ from brains.tap import (
     TapEncoder,
     ToolsUpdate,
 )
-from brains.tool_catalog import HANGUP_TOOL
+from brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
+from gateway.launcher import free_port
+from gateway.transfer_allowlist import TransferAllowlist
 from tests.conftest import TEST_ADMIN_KEY, eventually
 from tests.sip_stack import sip_stack, speech_16k
 from tests.test_gateway_calls import RecordingBrain
@@ -110,7 +112,13 @@ async def test_brain_hangup_tool_sends_bye_to_the_caller() -> None:
 
 
 async def test_api_delete_ends_a_live_sip_call_with_bye() -> None:
-    async with SipBrain() as brain, sip_stack(brain.url) as stack, SipPeerProcess() as peer:
+    metrics_port = free_port()
+    extra = {"RUTSTER_SIP_METRICS_PORT": str(metrics_port)}
+    async with (
+        SipBrain() as brain,
+        sip_stack(brain.url, worker_extra_env=extra) as stack,
+        SipPeerProcess() as peer,
+    ):
         call = await peer.place_call(stack.uri(), speech=speech_16k(str(SPEECH), 1.0))
         await eventually(lambda: len(stack.gateway.state.calls_by_id) == 1, 10)
         call_id = next(iter(stack.gateway.state.calls_by_id))
@@ -120,6 +128,14 @@ async def test_api_delete_ends_a_live_sip_call_with_bye() -> None:
             end = await peer.wait_ended(call, 10)
             await eventually(lambda: not stack.gateway.state.calls, 5)
             record = (await http.get(f"/v1/calls/{call_id}", headers=ADMIN)).json()
+            worker_metrics = ""
+            for _ in range(50):  # the worker forgets the leg once its socket has closed
+                worker_metrics = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+                if "rutster_sip_active_legs 0.0" in worker_metrics:
+                    break
+                await _sleep(0.1)
+    assert 'rutster_sip_invites_total{outcome="admitted"} 1.0' in worker_metrics
+    assert "rutster_sip_active_legs 0.0" in worker_metrics
     assert end.by == "remote"
     assert record["status"] == "ended" and record["provider"] == "sip"
     assert record["end_reason"] == "api_hangup"
@@ -204,3 +220,46 @@ async def _sleep(seconds: float) -> None:
     import asyncio
 
     await asyncio.sleep(seconds)
+
+
+class TransferBrain(RecordingBrain):
+    """Offers the transfer tool and transfers the caller when they press 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.destination = ""
+
+    async def respond(self, ws: ServerConnection, encoder: TapEncoder, event: object) -> None:
+        if isinstance(event, Hello):
+            await ws.send(encoder.encode(ToolsUpdate((TRANSFER_TOOL,)), 0.0))
+        elif isinstance(event, Dtmf) and event.digit == "0":
+            call = FunctionCall("xfer1", "transfer", {"destination": self.destination})
+            await ws.send(encoder.encode(call, 0.0))
+        else:
+            await super().respond(ws, encoder, event)
+
+
+async def test_brain_transfer_tool_refers_the_caller_to_another_line() -> None:
+    async with (
+        TransferBrain() as brain,
+        SipPeerProcess() as caller,
+        SipPeerProcess(user="desk") as desk,
+    ):
+        brain.destination = desk.sip_uri
+        await desk.answer_incoming(200)
+        allow = TransferAllowlist.parse(desk.sip_uri)
+        async with sip_stack(brain.url, transfer_allowlist=allow) as stack:
+            call = await caller.place_call(stack.uri(), speech=speech_16k(str(SPEECH), 1.0))
+            await eventually(lambda: bool(brain.of_type(AudioIn)), 10)
+            await caller.send_dtmf(call, "0")
+            transferred = await desk.next_incoming(10)  # the caller, REFERred to the desk
+            end = await caller.wait_ended(call, 10)
+            await eventually(lambda: not stack.gateway.state.calls, 5)
+    outputs = [e for e in brain.events if isinstance(e, FunctionCallOutput)]
+    assert outputs and outputs[0].status == "ok", outputs
+    assert outputs[0].result == {"channel": "transferring"}
+    assert "peer@" in transferred.from_uri  # the original caller now talks to the desk
+    assert end.by == "remote"  # we ended our leg after the REFER succeeded
+    session_end = brain.of_type(SessionEnd)[0]
+    assert isinstance(session_end, SessionEnd)
+    assert session_end.reason is SessionEndReason.TRANSFERRED

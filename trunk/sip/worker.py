@@ -68,6 +68,7 @@ from trunk.sip.wire import (
     parse_control,
 )
 from trunk.sip.worker_config import SipWorkerSettings
+from trunk.sip.worker_metrics import SipWorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ class SipWorker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._source_filter: object | None = None
         self._early_events: dict[int, list[SipEvent]] = {}
-        self.counters: dict[str, int] = {}
+        self.metrics = SipWorkerMetrics()
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -202,6 +203,8 @@ class SipWorker:
         await asyncio.to_thread(self._ua.start)
         if settings.unknown_response == "drop":
             self._attach_source_filter()
+        if settings.metrics_port is not None:
+            self.metrics.serve(settings.bind_host, settings.metrics_port)
         self._spawn(self._control_loop())
         log.info(
             "SIP worker %s listening on %s:%d",
@@ -234,9 +237,6 @@ class SipWorker:
     def _log_failure(task: asyncio.Task[Any]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("SIP worker task failed", exc_info=task.exception())
-
-    def _count(self, name: str) -> None:
-        self.counters[name] = self.counters.get(name, 0) + 1
 
     def _attach_source_filter(self) -> None:
         from trunk.sip.source_filter import SourceFilter
@@ -283,7 +283,7 @@ class SipWorker:
                     log.info("SIP worker connected to the gateway")
                     async for message in ws:
                         if isinstance(message, bytes):
-                            self._count("control_binary_frame")
+                            self.metrics.bad_messages.labels("control", "binary_frame").inc()
                             continue
                         self._on_control(message)
             except (OSError, ConnectionClosed, InvalidHandshake, InvalidURI, TimeoutError) as exc:
@@ -299,7 +299,7 @@ class SipWorker:
         try:
             message = parse_control(text)
         except WireError as exc:
-            self._count(f"control_{exc.reason}")
+            self.metrics.bad_messages.labels("control", exc.reason).inc()
             log.debug("SIP worker: dropped control message: %s", exc)
             return
         if isinstance(message, (Admit, Refuse)):
@@ -313,7 +313,7 @@ class SipWorker:
             if leg is not None and not leg.connected:
                 self._spawn(self._hang_up(leg))
         else:
-            self._count("control_unexpected")
+            self.metrics.bad_messages.labels("control", "unexpected_type").inc()
 
     async def _send_control(self, text: str) -> bool:
         ws = self._control
@@ -326,6 +326,7 @@ class SipWorker:
         return True
 
     async def _report_load(self) -> None:
+        self.metrics.active_legs.set(len(self._legs))
         await self._send_control(encode_control(LoadReport(len(self._legs))))
 
     # ---- user agent events (on the loop thread) ------------------------------------
@@ -377,7 +378,7 @@ class SipWorker:
             with contextlib.suppress(asyncio.QueueEmpty):
                 queue.get_nowait()
             leg.dropped_frames += 1
-            self._count("uplink_dropped")
+            self.metrics.uplink_dropped.inc()
         queue.put_nowait(item)
 
     # ---- inbound -------------------------------------------------------------------
@@ -389,7 +390,7 @@ class SipWorker:
         # Wall time: digest nonces carry a timestamp that must survive a restart.
         decision = self._policy.decide(info.source, info.authorization, "INVITE", time.time())
         if decision.action is not AccessAction.ACCEPT:
-            self._count(f"invite_{decision.reason}")
+            self.metrics.invites.labels(decision.reason).inc()
             # DROP still ends the INVITE (pjsua already sent 100 Trying); the kernel
             # filter (drop mode) keeps such sources from reaching pjsua at all.
             status = decision.status or self._settings.reject_code
@@ -400,7 +401,7 @@ class SipWorker:
                 await ua.reject(event.leg, status, headers)
             return
         if self._control is None:
-            self._count("invite_no_gateway")
+            self.metrics.invites.labels("no_gateway").inc()
             with contextlib.suppress(SipUaError):
                 await ua.reject(event.leg, SIP_UNAVAILABLE)
             return
@@ -440,10 +441,10 @@ class SipWorker:
                 leg.spend, leg.token = answer.spend, answer.token
                 self._by_call_id[answer.call_id] = leg
                 await ua.answer(event.leg)
-                self._count("invite_admitted")
+                self.metrics.invites.labels("admitted").inc()
             else:
                 code = answer.sip_code if isinstance(answer, Refuse) else SIP_UNAVAILABLE
-                self._count("invite_refused")
+                self.metrics.invites.labels("refused").inc()
                 await ua.reject(event.leg, code)
                 self._forget(leg)
         except SipUaError as exc:
@@ -548,7 +549,7 @@ class SipWorker:
                 try:
                     command = leg.codec.receive(message)
                 except (WireError, UnknownIngressEvent) as exc:
-                    self._count("media_bad_message")
+                    self.metrics.bad_messages.labels("media", "bad_message").inc()
                     log.debug("SIP leg %s: dropped media message: %s", leg.call_id, exc)
                     continue
                 if not isinstance(command, (PlayAudio, PlaceMark)):

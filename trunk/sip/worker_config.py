@@ -55,6 +55,8 @@ class SipWorkerSettings:
     trunk_user: str | None = None
     trunk_password: str | None = field(default=None, repr=False)
     trunk_register: bool = False
+    #: Port of the worker's Prometheus ``/metrics`` (on ``bind_host``); None = not served.
+    metrics_port: int | None = None
 
     @property
     def control_url(self) -> str:
@@ -134,4 +136,5 @@ class SipWorkerSettings:
             trunk_user=env.get("RUTSTER_SIP_TRUNK_USER", "").strip() or None,
             trunk_password=read_secret(env, "RUTSTER_SIP_TRUNK_PASSWORD"),
             trunk_register=env_bool(env, "RUTSTER_SIP_TRUNK_REGISTER", False),
+            metrics_port=env_int(env, "RUTSTER_SIP_METRICS_PORT", 0) or None,
         )
