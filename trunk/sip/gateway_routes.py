@@ -23,20 +23,23 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from brains.tap import SessionEndReason
 from gateway.call import Call
 from gateway.media_session import StreamEnded, release_if_never_connected, run_metered_call
-from gateway.spend_context import BadSpendContext, SpendContext
+from gateway.media_socket import (
+    await_start,
+    read_event,
+    refuse,
+    trusted_context,
+)
+from gateway.spend_context import SpendContext
 from gateway.state import GatewayState
+from gateway.ws_close import CLOSE_POLICY_VIOLATION
 from spend.gate import AdmissionRequest
 from trunk.events import (
     IngressEvent,
-    IngressProtocolError,
-    StreamStarted,
-    StreamStopped,
-    UnknownIngressEvent,
 )
 from trunk.sip.wire import (
     PARAM_SPEND,
@@ -61,11 +64,6 @@ from trunk.twilio.stream_token import StreamTokenSigner
 
 log = logging.getLogger(__name__)
 
-#: RFC 6455 close codes.
-CLOSE_NORMAL = 1000
-CLOSE_POLICY_VIOLATION = 1008
-CLOSE_PROTOCOL_ERROR = 1002
-CLOSE_SERVICE_RESTART = 1012
 #: SIP answers to a refused admission (RFC 3261 §21): 486 Busy Here for
 #: ``RUTSTER_REFUSAL_RESPONSE=busy``, 603 Decline otherwise (there is no spoken
 #: refusal on SIP before answering), 503 when Redis could not be asked.
@@ -74,9 +72,6 @@ SIP_DECLINE = 603
 SIP_UNAVAILABLE = 503
 #: Refusal reasons that mean "ask again later" rather than "no".
 RETRYABLE_REFUSALS = frozenset({"store_unavailable"})
-#: Time allowed between accepting ``/sip/stream`` and its ``start``: the worker sends
-#: it as its first frame; 10 s as for Twilio's stream.
-START_TIMEOUT_S = 10.0
 #: A worker's id: short, safe for logs and metrics labels.
 WORKER_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 #: Ring time for calls the API places over SIP: as for Twilio's Timeout (30 s).
@@ -124,8 +119,7 @@ async def sip_workers(websocket: WebSocket) -> None:
     if not _bearer_ok(websocket, state.config.sip_secret):
         metrics.bad_messages.labels("sip_control", "unauthorized").inc()
         log.warning("SIP worker refused: missing or wrong RUTSTER_SIP_SECRET")
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-            await websocket.close(CLOSE_POLICY_VIOLATION, "unauthorized")
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, "unauthorized")
         return
     await websocket.accept()
     link: SipWorkerLink | None = None
@@ -293,35 +287,25 @@ async def sip_stream(websocket: WebSocket) -> None:
     metrics = state.metrics
     if not _bearer_ok(websocket, config.sip_secret):
         metrics.bad_messages.labels("sip", "unauthorized").inc()
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-            await websocket.close(CLOSE_POLICY_VIOLATION, "unauthorized")
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, "unauthorized")
         return
     await websocket.accept()
     codec = SipMediaCodec()
-    started = await _await_start(websocket, codec, state)
+    started = await await_start(websocket, state, "sip", codec.receive, binary=True)
     if started is None:
         return
     params: Mapping[str, str] = started.custom_parameters
     tap_url = params.get(PARAM_TAP_URL, "")
-    spend_text = params.get(PARAM_SPEND, "")
-    call_id = started.call.call_id
-    if not StreamTokenSigner(config.stream_secret).verify(
-        params.get(PARAM_TOKEN), call_id, tap_url, spend_text
-    ):
-        metrics.stream_token_failures.inc()
-        log.warning("SIP media socket refused: invalid stream token")
-        await _close(websocket, CLOSE_POLICY_VIOLATION, "invalid stream token")
-        return
-    try:
-        context = SpendContext.decode(spend_text)
-    except BadSpendContext as exc:
-        metrics.bad_messages.labels("sip", "bad_spend_context").inc()
-        log.warning("SIP media socket refused: %s", exc)
-        await _close(websocket, CLOSE_POLICY_VIOLATION, "bad call context")
-        return
-    if not config.tap_allowlist.allows(tap_url):
-        metrics.tap_url_rejections.inc()
-        await _close(websocket, CLOSE_POLICY_VIOLATION, "brain URL not allowed")
+    context = await trusted_context(
+        websocket,
+        state,
+        "sip",
+        call_id=started.call.call_id,
+        tap_url=tap_url,
+        spend_text=params.get(PARAM_SPEND, ""),
+        token=params.get(PARAM_TOKEN),
+    )
+    if context is None:
         return
     edge = SipEdge(websocket, codec)
     live: list[Call] = []  # the call, once run_metered_call has built it
@@ -330,27 +314,12 @@ async def sip_stream(websocket: WebSocket) -> None:
 
     async def next_event() -> IngressEvent | StreamEnded:
         while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
+            event: IngressEvent | ControlResult | StreamEnded = await read_event(
+                websocket, state, "sip", codec.receive, binary=True, on_fatal=edge.close
+            )
+            if isinstance(event, StreamEnded):
                 edge.abandon()
-                code = int(message.get("code", CLOSE_NORMAL))
-                if code == CLOSE_SERVICE_RESTART:
-                    return StreamEnded(SessionEndReason.SHUTDOWN)
-                return StreamEnded(SessionEndReason.CALLER_HANGUP)
-            data = message.get("bytes")
-            frame: str | bytes = data if data is not None else str(message.get("text", ""))
-            try:
-                event = codec.receive(frame)
-            except UnknownIngressEvent:
-                metrics.unknown_events.labels("sip").inc()
-                continue
-            except IngressProtocolError as exc:
-                metrics.bad_messages.labels("sip", exc.reason).inc()
-                if exc.fatal:
-                    log.warning("call %s: closing SIP media socket: %s", context.call_id, exc)
-                    await edge.close(exc.reason)
-                    return StreamEnded(SessionEndReason.ERROR)
-                continue
+                return event
             if isinstance(event, ControlResult):
                 if not edge.resolve(event):
                     metrics.bad_messages.labels("sip", "unexpected_control_result").inc()
@@ -381,43 +350,3 @@ async def sip_stream(websocket: WebSocket) -> None:
         )
     finally:
         control.detach(context.call_id)
-
-
-async def _close(websocket: WebSocket, code: int, reason: str) -> None:
-    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-        await websocket.close(code, reason)
-
-
-async def _await_start(
-    websocket: WebSocket, codec: SipMediaCodec, state: GatewayState
-) -> StreamStarted | None:
-    """Read the ``start`` frame; None (socket closed) on timeout, close or a fatal error."""
-    metrics = state.metrics
-    try:
-        async with asyncio.timeout(START_TIMEOUT_S):
-            while True:
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    return None
-                data = message.get("bytes")
-                frame: str | bytes = data if data is not None else str(message.get("text", ""))
-                try:
-                    event = codec.receive(frame)
-                except UnknownIngressEvent:
-                    metrics.unknown_events.labels("sip").inc()
-                    continue
-                except IngressProtocolError as exc:
-                    metrics.bad_messages.labels("sip", exc.reason).inc()
-                    if exc.fatal:
-                        await _close(websocket, CLOSE_PROTOCOL_ERROR, exc.reason)
-                        return None
-                    continue
-                if isinstance(event, StreamStarted):
-                    return event
-                if isinstance(event, StreamStopped):
-                    await _close(websocket, CLOSE_NORMAL, "stopped before start")
-                    return None
-    except TimeoutError:
-        metrics.bad_messages.labels("sip", "no_start").inc()
-        await _close(websocket, CLOSE_POLICY_VIOLATION, "no start message")
-        return None

@@ -12,18 +12,15 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from gateway.ws_close import CLOSE_NORMAL, MAX_CLOSE_REASON_CHARS
 from trunk.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRING, CallControlFailure
 from trunk.events import IngressCommand
 from trunk.sip.wire import ControlResult, HangUpLeg, SipMediaCodec, TransferLeg, WireError
 
-#: RFC 6455 normal closure.
-CLOSE_NORMAL = 1000
 #: Time the worker gets to report a BYE/REFER outcome: a SIP transaction over UDP
 #: gives up after 64*T1 = 32 s (RFC 3261 §17.1.2.2); the tool waits far less and the
 #: call ends anyway when the worker's BYE lands.
 CONTROL_RESULT_TIMEOUT_S = 5.0
-#: RFC 6455 §5.5: a close frame's reason is at most 123 bytes.
-MAX_CLOSE_REASON_CHARS = 120
 
 
 # ---- the workers ------------------------------------------------------------------------

@@ -14,30 +14,30 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
-from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from brains.tap import SessionEndReason
 from gateway.media_session import StreamEnded, release_if_never_connected, run_metered_call
-from gateway.spend_context import PARAM_SPEND, BadSpendContext, SpendContext
+from gateway.media_socket import (
+    await_start,
+    read_event,
+    refuse,
+    trusted_context,
+)
+from gateway.spend_context import PARAM_SPEND, SpendContext
 from gateway.state import GatewayState
+from gateway.ws_close import CLOSE_NORMAL, CLOSE_POLICY_VIOLATION, MAX_CLOSE_REASON_CHARS
 from spend.gate import AdmissionRequest
 from spend.store import StoreUnavailable
 from trunk.events import (
     IngressCommand,
     IngressEvent,
-    IngressProtocolError,
-    StreamStarted,
-    StreamStopped,
-    UnknownIngressEvent,
 )
 from trunk.twilio.codec import (
     PARAM_DIRECTION,
@@ -60,22 +60,9 @@ QUERY_BRAIN = "brain"
 #: Largest voice-webhook body accepted. Twilio's form posts are a few hundred
 #: bytes to ~2 KB (PROVIDERS.md §1.1 field list); 64 KiB leaves ample margin.
 MAX_WEBHOOK_BODY_BYTES = 64 * 1024
-#: Time allowed between accepting the media socket and its ``start`` message.
-#: Twilio sends ``connected`` and ``start`` immediately; 10 s bounds idle sockets.
-START_TIMEOUT_S = 10.0
 #: Twilio CallSids: "CA" + 32 hex digits; we accept any short token of safe
 #: characters so simulators and other Twilio-compatible providers also work.
 CALL_SID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
-#: RFC 6455 close codes used when refusing a media socket.
-CLOSE_POLICY_VIOLATION = 1008
-CLOSE_PROTOCOL_ERROR = 1002
-CLOSE_NORMAL = 1000
-#: RFC 6455 §5.5: a close frame's body is at most 125 bytes, 2 of them the code.
-MAX_CLOSE_REASON_CHARS = 120
-#: RFC 6455: the peer sent a message over the size limit.
-CLOSE_MESSAGE_TOO_BIG = 1009
-#: Sent by uvicorn to every WebSocket when the server shuts down.
-CLOSE_SERVICE_RESTART = 1012
 #: Query parameter of the voice-webhook and status-callback URLs naming a call
 #: placed through ``POST /v1/calls``.
 QUERY_CALL = "rutster_call"
@@ -336,35 +323,6 @@ class TwilioEdge:
             await self._ws.close(CLOSE_NORMAL, reason[:MAX_CLOSE_REASON_CHARS])
 
 
-async def _refuse(websocket: WebSocket, code: int, reason: str) -> None:
-    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-        await websocket.close(code, reason)
-
-
-@dataclass(frozen=True, slots=True)
-class _Closed:
-    """The media socket closed, with this close code."""
-
-    code: int
-
-
-async def _receive_text(websocket: WebSocket, state: GatewayState) -> str | _Closed:
-    """Next text frame, or ``_Closed`` once the socket closed; binary frames are counted."""
-    while True:
-        message = await websocket.receive()
-        if message["type"] == "websocket.disconnect":
-            code = int(message.get("code", CLOSE_NORMAL))
-            if code == CLOSE_MESSAGE_TOO_BIG:
-                # uvicorn refused a frame over MAX_WS_MESSAGE_BYTES and closed the socket.
-                state.metrics.bad_messages.labels("twilio", "frame_too_large").inc()
-                log.warning("media socket closed: a frame exceeded the WebSocket size limit")
-            return _Closed(code)
-        text = message.get("text")
-        if text is not None:
-            return str(text)
-        state.metrics.bad_messages.labels("twilio", "binary_frame").inc()
-
-
 async def twilio_stream(websocket: WebSocket) -> None:
     """The media WebSocket Twilio opens for ``<Connect><Stream>``."""
     state = _state(websocket)
@@ -376,57 +334,33 @@ async def twilio_stream(websocket: WebSocket) -> None:
         if not TwilioSignatureValidator(config.twilio_auth_token).validate(url, [], signature):
             metrics.signature_failures.labels("stream").inc()
             log.warning("media socket refused: invalid %s on upgrade", SIGNATURE_HEADER)
-            await _refuse(websocket, CLOSE_POLICY_VIOLATION, "invalid signature")
+            await refuse(websocket, CLOSE_POLICY_VIOLATION, "invalid signature")
             return
     await websocket.accept()
     codec = TwilioStreamCodec()
-    started = await _await_start(websocket, codec, state)
+    started = await await_start(websocket, state, "twilio", codec.receive, binary=False)
     if started is None:
         return
     params = started.custom_parameters
     tap_url = params.get(PARAM_TAP_URL) or config.tap_url
-    signer = StreamTokenSigner(config.stream_secret)
-    spend_text = params.get(PARAM_SPEND, "")
-    if not signer.verify(params.get(PARAM_TOKEN), started.call.call_id, tap_url, spend_text):
-        metrics.stream_token_failures.inc()
-        log.warning("media socket refused: invalid stream token")
-        await _refuse(websocket, CLOSE_POLICY_VIOLATION, "invalid stream token")
-        return
-    try:
-        context = SpendContext.decode(spend_text)
-    except BadSpendContext as exc:
-        # A valid token over a bad context: only a gateway of another version does that.
-        metrics.bad_messages.labels("twilio", "bad_spend_context").inc()
-        log.warning("media socket refused: %s", exc)
-        await _refuse(websocket, CLOSE_POLICY_VIOLATION, "bad call context")
-        return
-    if not config.tap_allowlist.allows(tap_url):
-        # Only reachable if the allowlist shrank since the webhook answered.
-        metrics.tap_url_rejections.inc()
-        await _refuse(websocket, CLOSE_POLICY_VIOLATION, "brain URL not allowed")
+    context = await trusted_context(
+        websocket,
+        state,
+        "twilio",
+        call_id=started.call.call_id,
+        tap_url=tap_url,
+        spend_text=params.get(PARAM_SPEND, ""),
+        token=params.get(PARAM_TOKEN),
+    )
+    if context is None:
         return
     edge = TwilioEdge(websocket, codec)
 
     async def next_event() -> IngressEvent | StreamEnded:
-        while True:
-            text = await _receive_text(websocket, state)
-            if isinstance(text, _Closed):
-                if text.code == CLOSE_SERVICE_RESTART:
-                    # uvicorn closing sockets on shutdown
-                    return StreamEnded(SessionEndReason.SHUTDOWN)
-                return StreamEnded(SessionEndReason.CALLER_HANGUP)
-            try:
-                return codec.receive(text)
-            except UnknownIngressEvent as exc:
-                metrics.unknown_events.labels("twilio").inc()
-                log.debug("call %s: unknown Twilio event %.40r", context.call_id, exc.event_type)
-            except IngressProtocolError as exc:
-                metrics.bad_messages.labels("twilio", exc.reason).inc()
-                if exc.fatal:
-                    log.warning("call %s: closing media socket: %s", context.call_id, exc)
-                    await edge.close(exc.reason)
-                    return StreamEnded(SessionEndReason.ERROR)
-                log.debug("call %s: dropped Twilio message: %s", context.call_id, exc)
+        event: IngressEvent | StreamEnded = await read_event(
+            websocket, state, "twilio", codec.receive, binary=False, on_fatal=edge.close
+        )
+        return event
 
     await run_metered_call(
         state,
@@ -438,37 +372,3 @@ async def twilio_stream(websocket: WebSocket) -> None:
         call_control=state.twilio_call_control,
         next_event=next_event,
     )
-
-
-async def _await_start(
-    websocket: WebSocket, codec: TwilioStreamCodec, state: GatewayState
-) -> StreamStarted | None:
-    """Read ``connected`` and ``start``; None (socket closed) on timeout or a fatal error."""
-    metrics = state.metrics
-    try:
-        async with asyncio.timeout(START_TIMEOUT_S):
-            while True:
-                text = await _receive_text(websocket, state)
-                if isinstance(text, _Closed):
-                    return None
-                try:
-                    event = codec.receive(text)
-                except UnknownIngressEvent:
-                    metrics.unknown_events.labels("twilio").inc()
-                    continue
-                except IngressProtocolError as exc:
-                    metrics.bad_messages.labels("twilio", exc.reason).inc()
-                    if exc.fatal:
-                        log.warning("media socket refused before start: %s", exc)
-                        await _refuse(websocket, CLOSE_PROTOCOL_ERROR, exc.reason)
-                        return None
-                    continue
-                if isinstance(event, StreamStarted):
-                    return event
-                if isinstance(event, StreamStopped):
-                    await _refuse(websocket, CLOSE_NORMAL, "stopped before start")
-                    return None
-    except TimeoutError:
-        metrics.bad_messages.labels("twilio", "no_start").inc()
-        await _refuse(websocket, CLOSE_POLICY_VIOLATION, "no start message")
-        return None

@@ -1,0 +1,181 @@
+"""Reading a provider's media WebSocket: frames, the ``start``, and the per-call token check.
+
+Twilio's ``/twilio/stream`` and the SIP workers' ``/sip/stream`` speak
+different message formats (each has its sans-I/O codec) but read their socket
+the same way: count and drop bad frames, refuse the socket on a fatal one,
+wait a bounded time for ``start``, and trust nothing until the stream token
+binds the call id, the brain URL and the admission context. ``source`` is
+the metrics label (``twilio``, ``sip``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from brains.tap import SessionEndReason
+from gateway.media_session import StreamEnded
+from gateway.spend_context import BadSpendContext, SpendContext
+from gateway.state import GatewayState
+from gateway.ws_close import (
+    CLOSE_MESSAGE_TOO_BIG,
+    CLOSE_NORMAL,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_SERVICE_RESTART,
+)
+from trunk.events import IngressProtocolError, StreamStarted, StreamStopped, UnknownIngressEvent
+from trunk.twilio.stream_token import StreamTokenSigner
+
+log = logging.getLogger(__name__)
+
+#: Time allowed between accepting a media socket and its ``start``: providers send it
+#: at once (Twilio: ``connected`` then ``start``); 10 s bounds idle sockets.
+START_TIMEOUT_S = 10.0
+
+Frame = str | bytes
+#: A codec's ``receive``: one frame in, one event (or provider-specific message) out.
+Decode = Callable[[Any], Any]  # str-only codecs (Twilio) are read with binary=False
+
+
+@dataclass(frozen=True, slots=True)
+class SocketClosed:
+    """The media socket closed, with this close code."""
+
+    code: int
+
+
+async def refuse(websocket: WebSocket, code: int, reason: str) -> None:
+    """Close a media socket we will not serve (already-gone sockets are fine)."""
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+        await websocket.close(code, reason)
+
+
+def closed_reason(code: int) -> SessionEndReason:
+    """Why a call ends when its media socket closed with ``code``."""
+    return (
+        SessionEndReason.SHUTDOWN
+        if code == CLOSE_SERVICE_RESTART
+        else (SessionEndReason.CALLER_HANGUP)
+    )
+
+
+async def receive_frame(
+    websocket: WebSocket, state: GatewayState, source: str, *, binary: bool
+) -> Frame | SocketClosed:
+    """Next frame, or ``SocketClosed``. Binary frames are counted and skipped unless
+    ``binary`` (the SIP media contract carries audio in binary frames)."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            code = int(message.get("code", CLOSE_NORMAL))
+            if code == CLOSE_MESSAGE_TOO_BIG:
+                # uvicorn refused a frame over MAX_WS_MESSAGE_BYTES and closed the socket.
+                state.metrics.bad_messages.labels(source, "frame_too_large").inc()
+                log.warning("media socket closed: a frame exceeded the WebSocket size limit")
+            return SocketClosed(code)
+        text = message.get("text")
+        if text is not None:
+            return str(text)
+        data = message.get("bytes")
+        if binary and data is not None:
+            return bytes(data)
+        state.metrics.bad_messages.labels(source, "binary_frame").inc()
+
+
+async def read_event(
+    websocket: WebSocket,
+    state: GatewayState,
+    source: str,
+    decode: Decode,
+    *,
+    binary: bool,
+    on_fatal: Callable[[str], Awaitable[None]],
+) -> Any:
+    """The next decoded message, or ``StreamEnded`` when the socket closed or broke the
+    protocol (``on_fatal(reason)`` closes it). Unknown and bad messages are counted and
+    dropped."""
+    metrics = state.metrics
+    while True:
+        frame = await receive_frame(websocket, state, source, binary=binary)
+        if isinstance(frame, SocketClosed):
+            return StreamEnded(closed_reason(frame.code))
+        try:
+            return decode(frame)
+        except UnknownIngressEvent as exc:
+            metrics.unknown_events.labels(source).inc()
+            log.debug("%s media: unknown event %.40r", source, exc.event_type)
+        except IngressProtocolError as exc:
+            metrics.bad_messages.labels(source, exc.reason).inc()
+            if exc.fatal:
+                log.warning("%s media: closing the socket: %s", source, exc)
+                await on_fatal(exc.reason)
+                return StreamEnded(SessionEndReason.ERROR)
+            log.debug("%s media: dropped a message: %s", source, exc)
+
+
+async def await_start(
+    websocket: WebSocket, state: GatewayState, source: str, decode: Decode, *, binary: bool
+) -> StreamStarted | None:
+    """Read up to ``start``; None (socket closed) on timeout, close, ``stop`` or a fatal error."""
+
+    async def fatal(reason: str) -> None:
+        await refuse(websocket, CLOSE_PROTOCOL_ERROR, reason)
+
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            while True:
+                event = await read_event(
+                    websocket, state, source, decode, binary=binary, on_fatal=fatal
+                )
+                if isinstance(event, StreamEnded):
+                    return None
+                if isinstance(event, StreamStarted):
+                    return event
+                if isinstance(event, StreamStopped):
+                    await refuse(websocket, CLOSE_NORMAL, "stopped before start")
+                    return None
+    except TimeoutError:
+        state.metrics.bad_messages.labels(source, "no_start").inc()
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, "no start message")
+        return None
+
+
+async def trusted_context(
+    websocket: WebSocket,
+    state: GatewayState,
+    source: str,
+    *,
+    call_id: str,
+    tap_url: str,
+    spend_text: str,
+    token: str | None,
+) -> SpendContext | None:
+    """The call's admission context once the stream token proves it; else refuse the socket."""
+    config = state.config
+    metrics = state.metrics
+    if not StreamTokenSigner(config.stream_secret).verify(token, call_id, tap_url, spend_text):
+        metrics.stream_token_failures.inc()
+        log.warning("%s media socket refused: invalid stream token", source)
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, "invalid stream token")
+        return None
+    try:
+        context = SpendContext.decode(spend_text)
+    except BadSpendContext as exc:
+        # A valid token over a bad context: only a gateway of another version does that.
+        metrics.bad_messages.labels(source, "bad_spend_context").inc()
+        log.warning("%s media socket refused: %s", source, exc)
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, "bad call context")
+        return None
+    if not config.tap_allowlist.allows(tap_url):
+        # Only reachable if the allowlist shrank since the call was admitted.
+        metrics.tap_url_rejections.inc()
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, "brain URL not allowed")
+        return None
+    return context
