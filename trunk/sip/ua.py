@@ -23,7 +23,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -139,6 +139,10 @@ class SipTrunk:
     realm: str = "*"
 
 
+#: RFC 3261 §21.4.4 403 Forbidden: the default answer to anything we do not serve.
+SIP_FORBIDDEN = 403
+
+
 @dataclass(frozen=True, slots=True)
 class UaSettings:
     """Everything the user agent needs; ``port`` / ``rtp_port`` 0 = pick a free one."""
@@ -151,6 +155,8 @@ class UaSettings:
     codecs: tuple[str, ...] = DEFAULT_CODECS
     rtp_port: int = 0
     log_level: int = 0
+    #: Answer to requests we do not serve (presence SUBSCRIBE): the worker's uniform code.
+    reject_code: int = SIP_FORBIDDEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,17 +381,30 @@ def failure_reason(sip_code: int) -> str:
     return "error"
 
 
-def _validate_headers(headers: Mapping[str, str]) -> None:
-    for name, value in headers.items():
+#: Extra headers of a request or answer: a mapping, or (name, value) pairs when a name
+#: repeats (a 401 offering one WWW-Authenticate challenge per digest algorithm).
+ExtraHeaders = Mapping[str, str] | Sequence[tuple[str, str]]
+
+
+def _header_pairs(headers: ExtraHeaders | None) -> list[tuple[str, str]]:
+    if headers is None:
+        return []
+    if isinstance(headers, Mapping):
+        return list(headers.items())
+    return [(str(name), str(value)) for name, value in headers]
+
+
+def _validate_headers(headers: Sequence[tuple[str, str]]) -> None:
+    for name, value in headers:
         if not _TOKEN_RE.match(name):
             raise SipUaError("bad_argument", f"bad header name {name!r}")
         if "\r" in value or "\n" in value or "\x00" in value:
             raise SipUaError("bad_argument", f"header {name} has a line break or NUL")
 
 
-def _header_vector(headers: Mapping[str, str]) -> Any:
+def _header_vector(headers: Sequence[tuple[str, str]]) -> Any:
     vector = pj.SipHeaderVector()
-    for name, value in headers.items():
+    for name, value in headers:
         header = pj.SipHeader()
         header.hName = name
         header.hValue = value
@@ -393,7 +412,7 @@ def _header_vector(headers: Mapping[str, str]) -> Any:
     return vector
 
 
-def _call_param(status_code: int = 0, headers: Mapping[str, str] | None = None) -> Any:
+def _call_param(status_code: int = 0, headers: Sequence[tuple[str, str]] | None = None) -> Any:
     prm = pj.CallOpParam(True)
     prm.opt.audioCount = 1
     prm.opt.videoCount = 0
@@ -524,6 +543,13 @@ class _Account(pj.Account):  # type: ignore[misc]
     def onRegState(self, prm: Any) -> None:
         _log.info("trunk registration: %s %s", prm.code, prm.reason)
 
+    def onIncomingSubscribe(self, prm: Any) -> None:
+        # pjsua would accept a presence SUBSCRIBE from anyone (200, then NOTIFYs to a
+        # possibly spoofed address): we serve calls only, so refuse, like any stranger.
+        code = self.ua.settings.reject_code
+        prm.code = code
+        prm.reason = "Forbidden" if code == SIP_FORBIDDEN else "Rejected"
+
 
 # --- the user agent -------------------------------------------------------------------------
 
@@ -627,19 +653,19 @@ class SipUserAgent:
         """Answer an inbound leg with 200 OK + SDP."""
         await self._submit(lambda: self._do_answer(leg))
 
-    async def reject(self, leg: int, code: int, headers: Mapping[str, str] | None = None) -> None:
+    async def reject(self, leg: int, code: int, headers: ExtraHeaders | None = None) -> None:
         """Send a final non-2xx (300-699) to an unanswered inbound leg, with extra headers."""
-        extra = dict(headers or {})
+        extra = _header_pairs(headers)
         if not 300 <= code <= 699:
             raise SipUaError("bad_argument", f"reject code must be 300-699, got {code}")
         _validate_headers(extra)
         await self._submit(lambda: self._do_reject(leg, code, extra))
 
     async def dial(
-        self, uri: str, from_uri: str | None = None, headers: Mapping[str, str] | None = None
+        self, uri: str, from_uri: str | None = None, headers: ExtraHeaders | None = None
     ) -> int:
         """Place an outbound call (through the trunk when configured); return its leg."""
-        extra = dict(headers or {})
+        extra = _header_pairs(headers)
         _validate_headers(extra)
         if any(ch in uri for ch in "\r\n\x00 ") or (
             from_uri is not None and any(ch in from_uri for ch in "\r\n\x00")
@@ -913,13 +939,13 @@ class SipUserAgent:
         state.call.answer(_call_param(200))
         state.answered = True
 
-    def _do_reject(self, leg: int, code: int, headers: dict[str, str]) -> None:
+    def _do_reject(self, leg: int, code: int, headers: list[tuple[str, str]]) -> None:
         state = self._inbound_unanswered(leg)
         state.local_end = "local_hangup"
         state.ending = True
         state.call.hangup(_call_param(code, headers))
 
-    def _do_dial(self, uri: str, from_uri: str | None, headers: dict[str, str]) -> int:
+    def _do_dial(self, uri: str, from_uri: str | None, headers: list[tuple[str, str]]) -> int:
         trunk = self.settings.trunk
         account = self._trunk_account or self._local_account
         assert account is not None  # set by _init_library before the loop runs

@@ -196,6 +196,7 @@ class SipWorker:
                 port=settings.sip_port,
                 public_host=settings.public_host,
                 trunk=trunk,
+                reject_code=settings.reject_code,
             ),
             self._on_ua_event,
             asyncio.get_running_loop(),
@@ -394,11 +395,9 @@ class SipWorker:
             # DROP still ends the INVITE (pjsua already sent 100 Trying); the kernel
             # filter (drop mode) keeps such sources from reaching pjsua at all.
             status = decision.status or self._settings.reject_code
-            headers: dict[str, str] = {}
-            for name, value in decision.headers:
-                headers.setdefault(name, value)  # one challenge per name (the first, MD5)
             with contextlib.suppress(SipUaError):
-                await ua.reject(event.leg, status, headers)
+                # A 401 carries one WWW-Authenticate per algorithm (SHA-256, MD5).
+                await ua.reject(event.leg, status, decision.headers)
             return
         if self._control is None:
             self.metrics.invites.labels("no_gateway").inc()
