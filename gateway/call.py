@@ -14,7 +14,6 @@ extends its reservation, ends it when money or time runs out, and settles it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -80,6 +79,11 @@ log = logging.getLogger(__name__)
 #: arrives before the caller's queue runs dry, late enough that a brain which is
 #: merely a little late (echo: one frame at a time) is not cut by inserted silence.
 DRAIN_LEAD_MS = 10.0
+#: Ending a call: cancel its tasks and wait this long, up to this many rounds (a task
+#: that swallowed a cancel gets it again). Tasks stop in microseconds normally; 2 s
+#: covers a Redis call in flight (socket timeout 0.5 s x retries, spend/store.py).
+TASK_STOP_WAIT_S = 2.0
+TASK_STOP_ROUNDS = 3
 #: How often the grace watchdog looks at the brain's state (when a grace period is set).
 GRACE_CHECK_INTERVAL_S = 0.25
 #: Event types that become durable receipts in Redis (beside the in-memory trail):
@@ -265,13 +269,7 @@ class Call:
             for tool_task in list(self._tool_tasks):
                 if tool_task is not current:
                     tool_task.cancel()
-            for task in self._tasks:
-                if task is not current:
-                    task.cancel()
-            for task in self._tasks:
-                if task is not current:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            await self._stop_tasks([t for t in self._tasks if t is not current])
             self._metrics.call_tasks.dec(len(self._tasks))
             self._metrics.active_calls.dec()
             self._report_underruns()
@@ -290,6 +288,28 @@ class Call:
                 self.pacer.underruns,
                 samples_to_ms(self.playout.dropped_samples),
                 self.tap.connections,
+            )
+
+    async def _stop_tasks(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Cancel the call's tasks and wait for them, cancelling again if one swallowed it.
+
+        A library that turns a cancellation into another exception (seen under CPU load:
+        a Redis call's timeout racing the cancel) would leave its task running and this
+        call never ended, its reservation later reaped at full price. So: bounded waits,
+        re-cancel, and every loop also checks ``_ending``.
+        """
+        pending = set(tasks)
+        for _ in range(TASK_STOP_ROUNDS):
+            if not pending:
+                return
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=TASK_STOP_WAIT_S)
+        if pending:
+            log.error(
+                "call %s: tasks would not stop: %s",
+                self.session_id,
+                ", ".join(sorted(t.get_name() for t in pending)),
             )
 
     def _hello(self, resume: bool) -> Hello:
@@ -519,8 +539,10 @@ class Call:
         spend = self.spend
         assert spend is not None
         tick_s = spend.gate.policy.tick_ms / 1000.0
-        while True:
+        while not self._ending:
             await asyncio.sleep(tick_s)
+            if self._ending:
+                return
             end = await spend.tick(round(self._clock_ms()), publish=self._publish_spend)
             await self._flush_receipts()
             if end is not None:
@@ -623,7 +645,7 @@ class Call:
         frames_out_metric = self._metrics.frames_out
         reflex = self.reflex
         tail_pending = False
-        while True:
+        while not self._ending:
             self._wake_pending = False
             if self._clear_pending:
                 self._clear_pending = False
@@ -690,7 +712,7 @@ class Call:
 
     async def _watch_grace(self) -> None:
         grace = self._config.brain_grace_ms
-        while True:
+        while not self._ending:
             await asyncio.sleep(GRACE_CHECK_INTERVAL_S)
             down = self.tap.down_since_ms
             if down is not None and self._clock_ms() - down > grace:

@@ -7,7 +7,7 @@ import base64
 import contextlib
 import json
 from dataclasses import replace
-from typing import Self
+from typing import Any, Self
 
 import httpx
 import numpy as np
@@ -531,3 +531,40 @@ async def test_frame_over_the_websocket_limit_closes_that_call_only(
     result = await normal
     corr, _ = best_lag_correlation(speech_pcm[: 3 * 16000], result.heard_pcm)
     assert corr >= 0.9
+
+
+async def test_a_call_ends_even_if_a_task_swallows_its_cancellation(
+    echo_brain: EchoBrain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen under load: a cancellation turned into another exception inside a Redis call
+    # left the spend task running, the call never ended and was later reaped at full
+    # price. Here the spend tick swallows the first cancel it meets.
+    from spend.gate import CallSpend
+    from tests.conftest import fast_spend_settings
+
+    original = CallSpend.tick
+    swallowed: list[bool] = []
+    in_tick = asyncio.Event()
+
+    async def swallowing_tick(self: CallSpend, now_ms: int, **kwargs: Any) -> Any:
+        try:
+            in_tick.set()
+            await asyncio.sleep(1.0)  # the end's cancel lands here
+        except asyncio.CancelledError:
+            if not swallowed:
+                swallowed.append(True)
+                current = asyncio.current_task()
+                assert current is not None
+                current.uncancel()
+                return None
+            raise
+        return await original(self, now_ms, **kwargs)
+
+    monkeypatch.setattr(CallSpend, "tick", swallowing_tick)
+    config = gateway_config(echo_brain.url, barge_in=False, spend=fast_spend_settings())
+    async with serve_gateway(config) as gw:
+        ws, _, _ = await start_stream(gw)
+        await asyncio.wait_for(in_tick.wait(), 5)
+        await ws.close()
+        await eventually(lambda: not gw.state.calls, 10)
+    assert swallowed == [True]
