@@ -26,13 +26,14 @@ import importlib
 import itertools
 import multiprocessing
 import multiprocessing.connection
-import os
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
+
+from trunk.sip.pj_banner import lib_create_quietly
 
 __all__ = [
     "DEFAULT_ANSWER_TIMEOUT_S",
@@ -317,16 +318,7 @@ class _Child:
 
     def start(self) -> int:
         self.ep = pj.Endpoint()
-        # libCreate logs its banner to stdout at pjlib's default level before libInit can set
-        # ours: keep the test's or CLI's console clean by muting fd 1 for that one call.
-        saved = os.dup(1)
-        try:
-            with open(os.devnull, "wb") as devnull:
-                os.dup2(devnull.fileno(), 1)
-                self.ep.libCreate()
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
+        lib_create_quietly(self.ep)
         ep_cfg = pj.EpConfig()
         ep_cfg.uaConfig.threadCnt = 0
         ep_cfg.uaConfig.mainThreadOnly = False

@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar
 import pjsua2 as pj  # type: ignore[import-untyped]  # SWIG module without stubs
 
 from trunk.sip.leg_playout import DEFAULT_FRAME_BYTES, LegPlayout
+from trunk.sip.pj_banner import lib_create_quietly
 
 __all__ = [
     "DEFAULT_CODECS",
@@ -76,6 +77,9 @@ _START_TIMEOUT_S = 20.0
 #: How long stop() lets BYE/CANCEL transactions finish before forcing release
 #: (seed decision: enough for a loopback/LAN 200 OK; a dead peer costs 2 s).
 _STOP_HANGUP_WAIT_S = 2.0
+#: How long a disconnected bridge port lives on before it is destroyed: five 20 ms
+#: clock ticks, so no frame callback can still be running in it.
+PORT_RETIRE_S = 0.1
 #: Join timeout for the pjsua thread after libDestroy was requested (seed decision).
 _JOIN_TIMEOUT_S = 15.0
 #: Attempts to find a port free for both UDP and TCP when port 0 is asked (seed decision).
@@ -592,6 +596,8 @@ class SipUserAgent:
         # only on the pjsua thread.
         self._audio: dict[int, _LegAudio] = {}
         self._pending_release: list[int] = []
+        #: Disconnected bridge ports kept alive until no clock tick can be inside them.
+        self._retired_ports: list[tuple[float, _LegPort]] = []
         self._leg_ids = itertools.count(1)
         self._sip_port = 0
         #: Audio refused by play() (unknown leg or over the playout bound), bytes.
@@ -777,7 +783,7 @@ class SipUserAgent:
         settings = self.settings
         ep = pj.Endpoint()
         self._ep = ep
-        ep.libCreate()
+        lib_create_quietly(ep)
         cfg = pj.EpConfig()
         cfg.uaConfig.threadCnt = 0  # events are pumped by this thread (libHandleEvents)
         cfg.uaConfig.mainThreadOnly = False
@@ -1126,10 +1132,20 @@ class SipUserAgent:
         self._audio.pop(leg, None)
         if state is not None:
             self._disconnect_port(state)
-            state.port = None  # AudioMediaPort destructor removes it from the bridge
+            if state.port is not None:
+                # Not dropped yet: the clock thread may be inside this port's callback
+                # right now, and a SWIG director half torn down under it crashed the
+                # worker (seen under load). Disconnected, it gets no new frames; it is
+                # destroyed once a few clock ticks have passed.
+                self._retired_ports.append((time.monotonic(), state.port))
+            state.port = None
             state.call.leg = -1
 
     def _release_pending(self) -> None:
+        if self._retired_ports:
+            horizon = time.monotonic() - PORT_RETIRE_S
+            while self._retired_ports and self._retired_ports[0][0] < horizon:
+                self._retired_ports.pop(0)  # ~AudioMediaPort removes it from the bridge
         if not self._pending_release:
             return
         legs, self._pending_release = self._pending_release, []
@@ -1194,6 +1210,9 @@ class SipUserAgent:
         self._local_account = None
         if ep is None:
             return
+        if self._retired_ports:
+            time.sleep(PORT_RETIRE_S)  # the last frames of the last legs have passed
+            self._retired_ports.clear()
         # Every Call/AudioMediaPort wrapper must be gone before libDestroy; a
         # cycle kept alive until a later GC pass would run ~Call afterwards.
         gc.collect()
