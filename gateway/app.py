@@ -200,6 +200,7 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
                 "status": "ok",
                 "version": VERSION,
                 "active_calls": len(state.calls),
+                "sip_workers": len(state.sip_workers),
                 "node": state.config.spend.node_id,
                 "redis": "embedded" if state.embedded_redis is not None else "external",
                 "twilio_signatures": "enforced"

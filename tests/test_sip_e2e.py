@@ -128,12 +128,14 @@ async def test_api_delete_ends_a_live_sip_call_with_bye() -> None:
             end = await peer.wait_ended(call, 10)
             await eventually(lambda: not stack.gateway.state.calls, 5)
             record = (await http.get(f"/v1/calls/{call_id}", headers=ADMIN)).json()
+            health = (await http.get("/healthz")).json()
             worker_metrics = ""
             for _ in range(50):  # the worker forgets the leg once its socket has closed
                 worker_metrics = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
                 if "rutster_sip_active_legs 0.0" in worker_metrics:
                     break
                 await _sleep(0.1)
+    assert health["sip_workers"] == 1
     assert 'rutster_sip_invites_total{outcome="admitted"} 1.0' in worker_metrics
     assert "rutster_sip_active_legs 0.0" in worker_metrics
     assert end.by == "remote"

@@ -84,10 +84,7 @@ def test_small_run_of_the_whole_stack_passes_every_call(capsys: pytest.CaptureFi
     assert _figure(out, r"gateway     calls (\d+)") == 4
     assert _figure(out, r"admitted (\d+)") == 4
     assert _figure(out, r"refused (\d+)") == 0
-    # Reported, but not asserted 0: a gateway bug (Call._meter survives its cancel, so
-    # Call.end never returns) leaves a call "active" in about 1 run of 3. Assert == 0 once
-    # gateway/call.py is fixed.
-    assert re.search(r"active after \d+", out)
+    assert _figure(out, r"active after (\d+)") == 0  # every call ended and settled
     assert _figure(out, r"frames in (\d+)") >= 4 * 100
     assert _figure(out, r" out (\d+)") >= 4 * 100
     assert _figure(out, r"bad msgs    (\d+)") == 0
