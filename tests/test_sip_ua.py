@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -40,6 +41,7 @@ from trunk.sip.ua import (
     UaSettings,
     bytevector_reader_is_fast,
     failure_reason,
+    frame_writer_is_fast,
     invite_info_from_message,
     parse_sip_headers,
 )
@@ -807,6 +809,88 @@ async def test_stop_with_live_calls_exits_cleanly(peer: Peer, tmp_path: Path) ->
 def test_bytevector_reader_is_fast_here() -> None:
     # The ctypes reader passed its self-check on this build (else ~215 us per frame).
     assert bytevector_reader_is_fast()
+
+
+def test_frame_writer_is_fast_here() -> None:
+    # The ctypes frame writer passed its self-check on this build (else ~10.5 us per frame).
+    assert frame_writer_is_fast()
+
+
+#: Events emitted at once in the batching tests: a few seconds of 4 legs' frames.
+BATCH_EVENTS = 1_000
+
+
+async def test_events_cross_to_the_loop_in_order_in_one_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    got: list[SipEvent] = []
+    ua = SipUserAgent(UaSettings(bind_host="127.0.0.1", port=0), got.append, loop)
+    schedules = 0
+    real_schedule = loop.call_soon_threadsafe
+
+    def counting_schedule(callback: Callable[..., object], *args: Any) -> asyncio.Handle:
+        nonlocal schedules
+        schedules += 1
+        return real_schedule(callback, *args)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting_schedule)
+    sent: list[SipEvent] = [
+        LegAudio(i % 4, bytes([i % 256]) * 2) if i % 10 else LegMarks(i % 4, (f"m{i}",))
+        for i in range(BATCH_EVENTS)
+    ]
+
+    # The loop is blocked in join(): every event is queued before it can deliver one.
+    def emit_all() -> None:
+        for event in sent:
+            ua._emit(event)
+
+    emitter = threading.Thread(target=emit_all)
+    emitter.start()
+    emitter.join()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert got == sent
+    assert schedules == 1
+    # Once delivered, the next event schedules a new delivery.
+    ua._emit(LegDtmf(1, "5"))
+    await asyncio.sleep(0)
+    assert got[-1] == LegDtmf(1, "5") and schedules == 2
+
+
+async def test_a_failing_event_handler_does_not_lose_the_rest_of_the_batch() -> None:
+    loop = asyncio.get_running_loop()
+    got: list[SipEvent] = []
+    reported: list[dict[str, Any]] = []
+
+    def handler(event: SipEvent) -> None:
+        if isinstance(event, LegDtmf):
+            raise ValueError("handler bug")
+        got.append(event)
+
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        ua = SipUserAgent(UaSettings(bind_host="127.0.0.1", port=0), handler, loop)
+        events: list[SipEvent] = [LegAudio(1, b"\0\0"), LegDtmf(1, "1"), LegMarks(1, ("a",))]
+        for event in events:
+            ua._emit(event)
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert got == [events[0], events[2]]
+    assert len(reported) == 1 and isinstance(reported[0]["exception"], ValueError)
+
+
+def test_events_for_a_closed_loop_are_dropped_and_counted() -> None:
+    loop = asyncio.new_event_loop()
+    ua = SipUserAgent(UaSettings(bind_host="127.0.0.1", port=0), lambda _event: None, loop)
+    ua._emit(LegAudio(1, b"\0\0"))  # scheduled while the loop is open, never run
+    loop.close()
+    ua._emit(LegAudio(1, b"\0\0"))
+    ua._emit(LegDtmf(1, "2"))
+    assert ua.dropped_events == 3
+    assert not ua._outbox
 
 
 def test_parse_sip_headers_is_bounded_and_total() -> None:
