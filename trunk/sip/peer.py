@@ -76,6 +76,8 @@ DEFAULT_ANSWER_TIMEOUT_S = 40.0
 #: Grace for the child to send BYE on its calls and run libDestroy on close (same budget as the
 #: worker pool's stop grace, trunk/sip/pool.py).
 STOP_TIMEOUT_S = 10.0
+#: A finished call's audio port lives this long (five 20 ms clock ticks) before release.
+PORT_RETIRE_S = 0.1
 #: Most audio one call records, in seconds: bounds the child's memory (16 kHz PCM16 is
 #: 32 kB/s, so 10 minutes is ~19 MB per call). Seed decision; load runs are a few minutes.
 MAX_RECORD_S = 600
@@ -313,6 +315,7 @@ class _Child:
         self.answer = _AnswerMode(code=None, after_ms=0, speech=[], loop=True, echo=False)
         self.auth_accounts: dict[tuple[str, str], Any] = {}
         self.running = True
+        self.retired_ports: list[tuple[float, Any]] = []
 
     # -- library lifecycle -----------------------------------------------------------------
 
@@ -382,6 +385,9 @@ class _Child:
         self._release_finished()
         for c in self.calls.values():
             c.call = c.port = c.media = None
+        if self.retired_ports:
+            time.sleep(PORT_RETIRE_S)
+            self.retired_ports.clear()
         for acc in [self.account, *self.auth_accounts.values()]:
             with contextlib.suppress(Exception):
                 acc.shutdown()
@@ -425,9 +431,16 @@ class _Child:
 
     def _release_finished(self) -> None:
         # Dropping the last reference deletes the C++ Call/port: never inside a callback.
+        # A port lives on a few clock ticks first: the clock thread may be inside its
+        # frame callback right now (a half-destroyed director crashed; see ua.py).
+        now = time.monotonic()
         for c in self.release:
+            if c.port is not None:
+                self.retired_ports.append((now, c.port))
             c.call = c.port = c.media = None
         self.release.clear()
+        while self.retired_ports and self.retired_ports[0][0] < now - PORT_RETIRE_S:
+            self.retired_ports.pop(0)
 
     # -- requests ----------------------------------------------------------------------------
 
