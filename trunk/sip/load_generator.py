@@ -416,11 +416,12 @@ async def run_load(
     headers: Mapping[str, str] | None = None,
     *,
     bind_host: str = "127.0.0.1",
+    peer_niceness: int = 0,
 ) -> LoadReport:
     """Place ``calls`` calls at ``cps`` per second, hold each ``duration_s`` s, and measure.
 
     ``target_uri`` may be a list: call *i* goes to ``target_uri[i % len]`` (several workers
-    without a proxy in front). Peers bind to ``bind_host``.
+    without a proxy in front). Peers bind to ``bind_host`` and run at ``peer_niceness``.
     """
     targets = [target_uri] if isinstance(target_uri, str) else list(target_uri)
     if not targets:
@@ -433,7 +434,7 @@ async def run_load(
         raise ValueError(f"duration must be > 0 s, got {duration_s}")
     speech = load_speech_16k(speech_path)
     n_proc = math.ceil(calls / MAX_CALLS_PER_PROCESS)
-    peers = [SipPeerProcess(bind_host) for _ in range(n_proc)]
+    peers = [SipPeerProcess(bind_host, niceness=peer_niceness) for _ in range(n_proc)]
     counter = _Counter()
     try:
         await asyncio.gather(*(p.start() for p in peers))

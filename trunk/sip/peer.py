@@ -26,6 +26,7 @@ import importlib
 import itertools
 import multiprocessing
 import multiprocessing.connection
+import os
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -696,6 +697,9 @@ class _Child:
 def _child_main(conn: multiprocessing.connection.Connection, cfg: dict[str, Any]) -> None:
     """Entry point of the peer process: start pjsua, report the port, serve until told to stop."""
     global pj
+    if cfg.get("niceness"):
+        # A load generator sharing the box with what it measures yields the CPU to it.
+        os.nice(int(cfg["niceness"]))
     pj = importlib.import_module("pjsua2")
     child = _Child(conn, cfg)
     try:
@@ -744,13 +748,20 @@ class SipPeerProcess:
         port: int = 0,
         user: str = DEFAULT_USER,
         codecs: tuple[str, ...] = DEFAULT_CODECS,
+        niceness: int = 0,
     ) -> None:
         if not codecs:
             raise ValueError("need at least one codec")
         self.bind_host = bind_host
         self.user = user
         self.peer_id = next(_peer_ids)
-        self._cfg = {"bind_host": bind_host, "port": port, "user": user, "codecs": codecs}
+        self._cfg = {
+            "bind_host": bind_host,
+            "port": port,
+            "user": user,
+            "codecs": codecs,
+            "niceness": niceness,
+        }
         self._port: int | None = None
         self._proc: Any = None
         self._conn: multiprocessing.connection.Connection | None = None
