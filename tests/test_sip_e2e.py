@@ -6,6 +6,7 @@ worker and the phone (``SipPeerProcess``) each in their own process.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
@@ -134,7 +135,7 @@ async def test_api_delete_ends_a_live_sip_call_with_bye() -> None:
                 worker_metrics = (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
                 if "rutster_sip_active_legs 0.0" in worker_metrics:
                     break
-                await _sleep(0.1)
+                await asyncio.sleep(0.1)
     assert health["sip_workers"] == 1
     assert 'rutster_sip_invites_total{outcome="admitted"} 1.0' in worker_metrics
     assert "rutster_sip_active_legs 0.0" in worker_metrics
@@ -191,7 +192,7 @@ async def test_outbound_call_to_a_busy_peer_is_settled_at_zero() -> None:
             for _ in range(100):
                 if await status() == "failed":
                     break
-                await _sleep(0.1)
+                await asyncio.sleep(0.1)
             record = (await http.get(f"/v1/calls/{call_id}", headers=ADMIN)).json()
     assert record["status"] == "failed", record
     assert record["end_reason"] == "busy"
@@ -216,12 +217,6 @@ async def test_refused_admission_gets_the_sip_failure_code(refusal: str, code: i
     assert call.sip_code == code
     assert not call.answered
     assert not brain.of_type(Hello)
-
-
-async def _sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)
 
 
 class TransferBrain(RecordingBrain):

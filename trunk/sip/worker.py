@@ -35,6 +35,7 @@ from gateway.backoff import Backoff
 from trunk.events import ClearPlayback, PlaceMark, PlayAudio, UnknownIngressEvent
 from trunk.sip.access import AccessAction, SipAccessPolicy, SipAccessSettings, allowed_networks
 from trunk.sip.digest import DigestAuthenticator
+from trunk.sip.source_filter import SourceFilter
 from trunk.sip.ua import (
     InviteArrived,
     LegAudio,
@@ -167,7 +168,7 @@ class SipWorker:
         self._awaiting_admission: dict[str, asyncio.Future[Admit | Refuse]] = {}
         self._refs = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._source_filter: object | None = None
+        self._source_filter: SourceFilter | None = None
         self._early_events: dict[int, list[SipEvent]] = {}
         self.metrics = SipWorkerMetrics()
 
@@ -240,17 +241,12 @@ class SipWorker:
             log.error("SIP worker task failed", exc_info=task.exception())
 
     def _attach_source_filter(self) -> None:
-        from trunk.sip.source_filter import SourceFilter
-
         source_filter = SourceFilter(allowed_networks(self._policy.settings))
         source_filter.attach(self.sip_port)
         self._source_filter = source_filter
         self._spawn(self._refresh_deny_list(source_filter))
 
-    async def _refresh_deny_list(self, source_filter: object) -> None:
-        from trunk.sip.source_filter import SourceFilter
-
-        assert isinstance(source_filter, SourceFilter)
+    async def _refresh_deny_list(self, source_filter: SourceFilter) -> None:
         shown: list[str] = []
         while True:
             await asyncio.sleep(DENY_LIST_REFRESH_S)
