@@ -21,6 +21,14 @@ How the script behaves (so a brain author knows what to expect):
 - The brain's ``hello`` is optional (TAP_PROTOCOL.md): a brain that sends
   none still PASSes ``hello`` with the detail "brain sent no hello
   (optional)"; a malformed one FAILs it.
+- The kit respects the brain's declarations (``hello.interruptible`` and
+  ``hello.turns``, TAP_PROTOCOL.md "Brains that say what they are"), checked
+  by ``hello-declarations``. For ``turns: "brain"`` it sends no
+  ``speech_started``/``speech_stopped`` at all, as the core does; after each
+  caller turn it streams silence (the core forwards all caller audio) and
+  expects the brain to answer on its own, else ``answers-turn`` is SKIP. For
+  ``interruptible: false`` (and for ``turns: "brain"``, since the core never
+  cuts such a brain) ``barge-in`` is SKIP with the reason.
 - A ``function_call`` outside ``tool-round-trip`` gets ``not_implemented``,
   as from a core with no such tool, so a brain waiting on it is not stuck.
 - Without ``require_tool``, a brain that answers the marker-tone turn with
@@ -57,6 +65,7 @@ from websockets.frames import CloseCode
 
 from brains.marker_tone import marker_tone_pcm
 from brains.tap import (
+    BRAIN_DECLARATIONS,
     MAX_MESSAGE_BYTES,
     AudioIn,
     AudioOut,
@@ -79,6 +88,7 @@ from brains.tap import (
     TapProtocolError,
     ToolStatus,
     ToolsUpdate,
+    TurnOwner,
     UnknownTapEvent,
 )
 from media.formats import (
@@ -293,6 +303,9 @@ class BrainLink:
         self.ws = ws
         self.label = label
         self.messages: list[_Message] = []
+        #: The raw JSON of every valid brain ``hello``, by message index: the
+        #: decoded event cannot tell an absent declaration from a default one.
+        self.raw_hellos: dict[int, dict[str, Any]] = {}
         self.decoder = TapDecoder(Direction.BRAIN_TO_CORE)
         self.seq_problems: list[str] = []
         self.binary_frames = 0
@@ -388,6 +401,8 @@ class BrainLink:
             message = _Message(self.now(), self.decoder.decode(data), None, None)
         except TapProtocolError as exc:
             message = _Message(self.now(), None, exc, _raw_type(data))
+        if isinstance(message.event, BrainHello):  # rare: parse it a second time
+            self.raw_hellos[len(self.messages)] = json.loads(data)
         if self.decoder.seq_gaps > gaps:
             expected = 0 if previous is None else previous + 1
             self.seq_problems.append(f"seq {self.decoder.last_seq} where {expected} was due")
@@ -511,6 +526,7 @@ class ConformanceRun:
             provider=CALL_PROVIDER,
         )
         self.brain_hello: BrainHello | None = None
+        self.brain_hello_raw: dict[str, Any] = {}  # the first valid hello's JSON
         self.brain_answers = False  # it answered a turn with audio
         self.turn_open = False  # a speech_started without its speech_stopped
         self.turn_mark: int | None = None  # where the first turn began
@@ -536,17 +552,54 @@ class ConformanceRun:
             _skip(f"connection already closed: {self.link.describe_close()}")
         return self.link
 
+    @property
+    def brain_owns_turns(self) -> bool:
+        """The brain declared ``turns: "brain"``: the core sends it no speech events."""
+        return self.brain_hello is not None and self.brain_hello.turns is TurnOwner.BRAIN
+
+    @property
+    def brain_interruptible(self) -> bool:
+        """The brain's ``interruptible`` (the default when it sent no hello)."""
+        return self.brain_hello is None or self.brain_hello.interruptible
+
     async def start_turn(self, link: BrainLink, extra: dict[str, Any] | None = None) -> None:
-        """``speech_started`` (not interrupted), unless a barge-in already opened the turn."""
-        if not self.turn_open:
+        """``speech_started`` (not interrupted), unless a barge-in already opened the turn.
+
+        Nothing for a brain that owns turns: the core never sends it one.
+        """
+        if not self.turn_open and not self.brain_owns_turns:
             await link.send(SpeechStarted(interrupted=False), extra)
             self.turn_open = True
 
     async def end_turn(self, link: BrainLink) -> float:
-        """``speech_stopped``; returns when it was sent."""
-        await link.send(SpeechStopped())
+        """``speech_stopped`` (nothing if the brain owns turns); returns when the turn ended."""
+        if not self.brain_owns_turns:
+            await link.send(SpeechStopped())
         self.turn_open = False
         return link.now()
+
+    async def wait_answer(
+        self, link: BrainLink, check: Callable[[], bool], timeout_s: float
+    ) -> bool:
+        """Wait for ``check()`` after a caller turn, like :meth:`BrainLink.wait_until`.
+
+        A brain that owns turns decides by itself when the caller is done, so
+        meanwhile the kit streams silent ``audio_in`` (the core forwards all
+        caller audio, silence included) for its VAD to hear.
+        """
+        if not self.brain_owns_turns:
+            return await link.wait_until(check, timeout_s)
+        silence = AudioIn(bytes(CANONICAL_FRAME_SAMPLES * SAMPLE_WIDTH))
+        interval = FRAME_MS / 1000.0 / AUDIO_PACE
+        deadline = link.now() + timeout_s
+        while True:
+            if check():
+                return True
+            remaining = deadline - link.now()
+            if link.closed or remaining <= 0:
+                return False
+            await link.send(silence)
+            await link.wait_until(check, min(interval, remaining))
 
     async def short_turn_answered(self, link: BrainLink) -> str | None:
         """Play a short turn and wait for audio; None if answered, else why not."""
@@ -554,11 +607,18 @@ class ConformanceRun:
         await self.start_turn(link)
         await link.stream(voiced_pcm(SHORT_TURN_MS))
         await self.end_turn(link)
-        if await link.wait_until(lambda: bool(link.events(AudioOut, mark)), self.turn_timeout_s):
+        if await self.wait_answer(
+            link, lambda: bool(link.events(AudioOut, mark)), self.turn_timeout_s
+        ):
             return None
         if link.closed:
             return link.describe_close()
-        return f"no audio_out within {self.turn_timeout_s:g} s of speech_stopped"
+        return f"no audio_out within {self.turn_timeout_s:g} s of {self.turn_end_name}"
+
+    @property
+    def turn_end_name(self) -> str:
+        """What ends a caller turn for this brain, for details."""
+        return "the caller's turn (turns: brain)" if self.brain_owns_turns else "speech_stopped"
 
     async def close_all(self) -> None:
         """Close every connection still open."""
@@ -611,8 +671,39 @@ async def _check_hello(run: ConformanceRun) -> tuple[RuleStatus, str]:
         _fail(why)
     if not hellos:
         return _passed("brain sent no hello (optional)")
-    run.brain_hello = hellos[0][1]
+    index, run.brain_hello = hellos[0]
+    run.brain_hello_raw = link.raw_hellos.get(index, {})
     return _passed(f"brain {run.brain_hello.name!r} version {run.brain_hello.version!r}")
+
+
+def _declared(hello: BrainHello) -> str:
+    return f"interruptible {str(hello.interruptible).lower()}, turns {hello.turns.value!r}"
+
+
+async def _check_hello_declarations(run: ConformanceRun) -> tuple[RuleStatus, str]:
+    hello = run.brain_hello
+    if hello is None:
+        _skip("no valid hello (see hello)")
+    raw = run.brain_hello_raw
+    if hello.ignored:
+        values = ", ".join(f"{name}={json.dumps(raw.get(name))[:40]}" for name in hello.ignored)
+        _fail(
+            f"invalid declaration(s) {values}: interruptible must be a boolean, turns "
+            '"core" or "brain"; a core reads them as the defaults'
+        )
+    brain = raw.get("brain")
+    nested = [name for name in BRAIN_DECLARATIONS if isinstance(brain, dict) and name in brain]
+    if nested:
+        _fail(
+            f"{', '.join(nested)} inside hello.brain: declarations are top-level hello "
+            "fields, a core ignores them there"
+        )
+    present = [name for name in BRAIN_DECLARATIONS if name in raw]
+    if not present:
+        _skip(f"brain declares nothing (defaults: {_declared(hello)})")
+    defaulted = [name for name in BRAIN_DECLARATIONS if name not in present]
+    note = f" ({', '.join(defaulted)} by default)" if defaulted else ""
+    return _passed(_declared(hello) + note)
 
 
 async def _check_tools_catalog(run: ConformanceRun) -> tuple[RuleStatus, str]:
@@ -657,7 +748,9 @@ async def _check_answers_turn(run: ConformanceRun) -> tuple[RuleStatus, str]:
         _skip("no caller turn was played (see audio-accepted)")
     stop_mark = link.mark()
     stopped_at = await run.end_turn(link)
-    answered = await link.wait_until(lambda: bool(link.events(AudioOut, mark)), run.turn_timeout_s)
+    answered = await run.wait_answer(
+        link, lambda: bool(link.events(AudioOut, mark)), run.turn_timeout_s
+    )
     if answered:  # what the brain does, even if some of its audio was invalid
         run.brain_answers = True
         run.answer_mark = mark
@@ -667,16 +760,30 @@ async def _check_answers_turn(run: ConformanceRun) -> tuple[RuleStatus, str]:
     if not answered:
         if link.closed:
             _fail(link.describe_close())
+        if run.brain_owns_turns:  # no speech_stopped to answer: its silence is its call
+            _skip(f"turns: brain, and no audio_out on its own within {run.turn_timeout_s:g} s")
         _fail(f"no audio_out within {run.turn_timeout_s:g} s of speech_stopped")
     first_index, _ = link.events(AudioOut, mark)[0]
     if first_index < stop_mark:
         return _passed("audio_out arrived while the caller spoke (a streaming brain)")
     delay_ms = (link.messages[first_index].at - stopped_at) * 1000
+    if run.brain_owns_turns:
+        return _passed(
+            f"turns: brain; answered on its own {delay_ms:.0f} ms after the caller's audio "
+            "(no speech events sent)"
+        )
     return _passed(f"first audio_out {delay_ms:.0f} ms after speech_stopped")
 
 
 async def _check_barge_in(run: ConformanceRun) -> tuple[RuleStatus, str]:
     link = run.live_link()
+    if not run.brain_interruptible:
+        _skip("brain declares interruptible: false (the core never cuts it)")
+    if run.brain_owns_turns:
+        _skip(
+            'brain declares turns: "brain" (the core sends it no speech_started; '
+            "cutting its audio is its own audio_clear)"
+        )
     mark = run.answer_mark
     if mark is None:
         _skip("no answer to interrupt (see answers-turn)")
@@ -744,7 +851,8 @@ async def _check_tool_round_trip(run: ConformanceRun) -> tuple[RuleStatus, str]:
             last = max(link.messages[-1].at, stopped_at)
             return link.now() - last >= TOOL_QUIET_S
 
-        await link.wait_until(
+        await run.wait_answer(
+            link,
             lambda: bool(link.events(FunctionCall, mark)) or answered_then_quiet(),
             run.turn_timeout_s,
         )
@@ -798,7 +906,7 @@ async def _check_unknown_events(run: ConformanceRun) -> tuple[RuleStatus, str]:
         if why is not None:
             _fail(why)
         return _passed("ignored the unknown type and fields (brain does not answer turns)")
-    got = await link.wait_until(lambda: bool(link.events(AudioOut, mark)), run.turn_timeout_s)
+    got = await run.wait_answer(link, lambda: bool(link.events(AudioOut, mark)), run.turn_timeout_s)
     if not got:
         if link.closed:
             _fail(link.describe_close())
@@ -897,6 +1005,7 @@ async def _check_messages_valid(run: ConformanceRun) -> tuple[RuleStatus, str]:
 RULES: tuple[ConformanceRule, ...] = (
     ConformanceRule("connect", _check_connect),
     ConformanceRule("hello", _check_hello),
+    ConformanceRule("hello-declarations", _check_hello_declarations),
     ConformanceRule("tools-catalog", _check_tools_catalog),
     ConformanceRule("audio-accepted", _check_audio_accepted),
     ConformanceRule("answers-turn", _check_answers_turn),

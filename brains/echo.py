@@ -3,7 +3,9 @@
 The smallest useful brain and the reference for writing one: it listens for
 the core's tap connection on ``/echo``, answers ``hello``, returns every
 ``audio_in`` as an ``audio_out`` with the same PCM, and closes on
-``session_end``. It runs as its own process (``rutster brain echo`` calls
+``session_end``. Its ``hello`` declares ``interruptible: false`` (its audio is
+the caller's own voice, so caller speech must never cut it) and
+``turns: "core"``. It runs as its own process (``rutster brain echo`` calls
 :func:`run_echo_brain`) or in-process for tests (:class:`EchoBrain`).
 
 Unknown event types and malformed messages are counted and dropped, never a
@@ -37,6 +39,7 @@ from brains.tap import (
     TapEncoder,
     TapEvent,
     TapProtocolError,
+    TurnOwner,
     UnknownTapEvent,
     wire_type,
 )
@@ -46,6 +49,13 @@ from brains.tap_server import TapListener
 ECHO_PATH = "/echo"
 #: Name the brain gives in its ``hello``.
 ECHO_BRAIN_NAME = "echo"
+#: The echo brain's ``hello.interruptible``: caller speech must never cut it,
+#: since its audio *is* caller speech (TAP_PROTOCOL.md, "Brains that say what
+#: they are": the echo brain and announcements are the examples).
+ECHO_INTERRUPTIBLE = False
+#: The echo brain's ``hello.turns``: it has no turn logic, the core keeps
+#: deciding turns (TAP_PROTOCOL.md; the default, declared explicitly).
+ECHO_TURNS = TurnOwner.CORE
 #: Default host: loopback only, since a brain sits outside the trust boundary
 #: (ARCHITECTURE.md) and must be exposed on purpose (seed decision).
 DEFAULT_ECHO_HOST = "127.0.0.1"
@@ -181,7 +191,13 @@ class EchoBrain:
                         "resumed" if event.resume else "started",
                         event.call.provider,
                     )
-                    await self._send(ws, encoder, BrainHello(ECHO_BRAIN_NAME, self._version))
+                    hello = BrainHello(
+                        ECHO_BRAIN_NAME,
+                        self._version,
+                        interruptible=ECHO_INTERRUPTIBLE,
+                        turns=ECHO_TURNS,
+                    )
+                    await self._send(ws, encoder, hello)
                 elif isinstance(event, SessionEnd):
                     logger.info("echo brain: session %s ended (%s)", session_id, event.reason)
                     await ws.close()

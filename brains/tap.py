@@ -86,6 +86,26 @@ class SessionEndReason(StrEnum):
     TRANSFERRED = "transferred"
 
 
+class TurnOwner(StrEnum):
+    """Who decides the caller's turns (the brain's ``hello.turns``, additive in v1)."""
+
+    #: The core's reflex loop: VAD, ``speech_started``/``speech_stopped``, barge-in.
+    CORE = "core"
+    #: A full-duplex brain that listens while it speaks and takes turns itself.
+    BRAIN = "brain"
+
+
+#: The brain ``hello`` fields that declare how the brain behaves, in wire order
+#: (TAP_PROTOCOL.md, "Brains that say what they are"); top-level, next to ``brain``.
+BRAIN_DECLARATIONS = ("interruptible", "turns")
+#: ``hello.interruptible`` when absent or not a boolean: caller speech may cut
+#: the brain (TAP_PROTOCOL.md; the behaviour of every brain before the field).
+DEFAULT_INTERRUPTIBLE = True
+#: ``hello.turns`` when absent or unknown: the core decides turns
+#: (TAP_PROTOCOL.md; the behaviour of every brain before the field).
+DEFAULT_TURNS = TurnOwner.CORE
+
+
 class TapErrorReason(StrEnum):
     """The stable, low-cardinality labels :class:`TapProtocolError` uses."""
 
@@ -196,10 +216,22 @@ class SessionEnd:
 
 @dataclass(frozen=True, slots=True)
 class BrainHello:
-    """The brain's answer to ``hello`` (wire type ``hello``, field ``brain``)."""
+    """The brain's answer to ``hello`` (wire type ``hello``, field ``brain``).
+
+    ``interruptible`` and ``turns`` are the brain's declarations (top-level
+    ``hello`` fields, additive in v1): absent ones read as the defaults. A
+    present value the decoder does not understand (a ``turns`` it does not
+    know, an ``interruptible`` that is not a boolean) also reads as the
+    default, never as an error, and its field name is listed in ``ignored``
+    (in :data:`BRAIN_DECLARATIONS` order) so the core can count it. The
+    encoder always writes both declarations and never ``ignored``.
+    """
 
     name: str
     version: str
+    interruptible: bool = DEFAULT_INTERRUPTIBLE
+    turns: TurnOwner = DEFAULT_TURNS
+    ignored: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,11 +509,37 @@ def _parse_session_end(obj: Mapping[str, Any]) -> SessionEnd:
 # ---- brain -> core parsers ---------------------------------------------------
 
 
+#: ``hello.turns`` values this codec understands.
+_TURN_OWNERS = frozenset(owner.value for owner in TurnOwner)
+
+
 def _parse_brain_hello(obj: Mapping[str, Any]) -> BrainHello:
     brain = _req_object(obj, "hello", "brain")
+    name = _req_str(brain, "hello", "name", nonempty=True, parent="brain")
+    version = _req_str(brain, "hello", "version", parent="brain")
+    # The declarations are lenient on purpose: a value from a newer brain (or
+    # a buggy one) must not cost the call its brain, so it reads as the default.
+    ignored: list[str] = []
+    interruptible = DEFAULT_INTERRUPTIBLE
+    if "interruptible" in obj:
+        value = obj["interruptible"]
+        if type(value) is bool:
+            interruptible = value
+        else:
+            ignored.append("interruptible")
+    turns = DEFAULT_TURNS
+    if "turns" in obj:
+        value = obj["turns"]
+        if type(value) is str and value in _TURN_OWNERS:
+            turns = TurnOwner(value)
+        else:
+            ignored.append("turns")
     return BrainHello(
-        name=_req_str(brain, "hello", "name", nonempty=True, parent="brain"),
-        version=_req_str(brain, "hello", "version", parent="brain"),
+        name=name,
+        version=version,
+        interruptible=interruptible,
+        turns=turns,
+        ignored=tuple(ignored),
     )
 
 
@@ -632,7 +690,18 @@ def _session_end_body(event: SessionEnd) -> dict[str, Any]:
 
 
 def _brain_hello_body(event: BrainHello) -> dict[str, Any]:
-    return {"brain": {"name": event.name, "version": event.version}}
+    # The decoder would read a bad declaration as the default; a brain that
+    # uses this codec gets told instead of silently losing its declaration.
+    if type(event.interruptible) is not bool:
+        _field_error("hello", "", "interruptible", "a boolean")
+    if not isinstance(event.turns, str) or event.turns not in _TURN_OWNERS:
+        _field_error("hello", "", "turns", '"core" or "brain"')
+    # Always both declarations, defaults included: the core never has to guess.
+    return {
+        "brain": {"name": event.name, "version": event.version},
+        "interruptible": event.interruptible,
+        "turns": TurnOwner(event.turns).value,
+    }
 
 
 def _tools_update_body(event: ToolsUpdate) -> dict[str, Any]:

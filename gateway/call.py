@@ -1,9 +1,11 @@
-"""The per-call object: ingress events ↔ media transforms ↔ tap client ↔ playout ↔ pacer.
+"""The per-call object: the asyncio driver of one call's media engine, tap client and spend.
 
 One ``Call`` exists per live media stream. It is provider-neutral: a trunk
 adapter feeds it :mod:`trunk.events` and gives it a ``CallEdge`` to send
-commands back. The sans-I/O parts (transforms, ``PlayoutBuffer``, ``Pacer``)
-do the work; this module is the asyncio glue. It owns two tasks (the brain
+commands back. Everything done to the audio (transforms, reflex loop,
+playout, pacer, ledger, mark and clear policy) is the sans-I/O
+:class:`~gateway.media_engine.MediaEngine`; this module only feeds it events
+with the time and carries out the commands it returns. It owns two tasks (the brain
 connection and the pacer), an optional grace watchdog, the spend meter when
 the call is metered, and one short task per tool call in flight; ``end()``
 leaves none behind. The reflex loop decides the caller's turns, the tool
@@ -45,28 +47,31 @@ from brains.tool_catalog import TOOL_CATALOG
 from gateway.call_trail import CallTrail
 from gateway.config import GatewayConfig
 from gateway.event_bus import CallEvent, EventBus
+from gateway.media_engine import (
+    BadInput,
+    BrainAudio,
+    EngineCommand,
+    MediaEngine,
+    PlayoutOverflow,
+)
 from gateway.metrics import GatewayMetrics
-from gateway.reflex import ClearProvider, ReflexAction, ReflexLoop, WakePacer
+from gateway.reflex import ReflexLoop
 from gateway.tap_client import TapClient
 from gateway.tool_registry import ToolOutcome, ToolRegistry
 from media.echo_gate import EchoGate, EchoGateConfig
 from media.formats import samples_to_ms
-from media.pacer import Pacer, PacerState
+from media.pacer import Pacer
 from media.playout import PlayoutBuffer
-from media.transform import InboundTransform, OutboundTransform
 from media.vad import SPEECH_THRESHOLD, make_detector
 from spend.gate import CallSpend
 from spend.store import StoreUnavailable
 from trunk.call_control import CallControlFailure, ProviderCallControl, SupportsGoodbye
 from trunk.events import (
     AudioReceived,
-    ClearPlayback,
     DtmfReceived,
     IngressCommand,
     IngressEvent,
     MarkPlayed,
-    PlaceMark,
-    PlayAudio,
     StreamConnected,
     StreamStarted,
     StreamStopped,
@@ -74,11 +79,6 @@ from trunk.events import (
 
 log = logging.getLogger(__name__)
 
-#: Release the outbound resampler's held tail when the provider has this little
-#: audio left to play and nothing more is buffered: early enough that the tail
-#: arrives before the caller's queue runs dry, late enough that a brain which is
-#: merely a little late (echo: one frame at a time) is not cut by inserted silence.
-DRAIN_LEAD_MS = 10.0
 #: Ending a call: cancel its tasks and wait this long, up to this many rounds (a task
 #: that swallowed a cancel gets it again). Tasks stop in microseconds normally; 2 s
 #: covers a Redis call in flight (socket timeout 0.5 s x retries, spend/store.py).
@@ -153,12 +153,6 @@ class Call:
         self._edge = edge
         self._call_control = call_control
         self._clock_ms = clock_ms
-        self._inbound = InboundTransform(started.media_format)
-        self._outbound = OutboundTransform(started.media_format)
-        self.playout = PlayoutBuffer(max_ms=config.playout_max_ms)
-        self.pacer = Pacer(
-            self.playout, lead_ms=config.pacer_lead_ms, start_ms=config.pacer_start_ms
-        )
         self.tap = TapClient(
             tap_url,
             make_hello=self._hello,
@@ -171,7 +165,6 @@ class Call:
         # measured: the pacer wakes ~50 times a second per call).
         self._wake_pending = False
         self._waiter: asyncio.Future[bool] | None = None
-        self._clear_pending = False
         self._tasks: list[asyncio.Task[None]] = []
         self._ending = False
         self.ended = asyncio.Event()
@@ -184,14 +177,14 @@ class Call:
         self.bus.subscribe(metrics.on_call_event)
         if spend is not None:
             self.bus.subscribe(self._keep_receipt)
-        self.reflex = ReflexLoop(
-            playout=self.playout,
-            pacer=self.pacer,
+        #: The call's media, sans-I/O: this class only carries out what it returns.
+        self.engine = MediaEngine(
+            started.media_format,
             detector=make_detector(config.vad),
             echo=EchoGate(EchoGateConfig(canceller=config.echo_canceller)),
             publish=self.bus.publish,
             speech_threshold=SPEECH_THRESHOLD,
-            config=config.reflex,
+            config=config.media_engine,
         )
         self._brain_up = False
         self.tool_registry = ToolRegistry(
@@ -202,13 +195,11 @@ class Call:
         )
         self._tool_tasks: set[asyncio.Task[None]] = set()
         self._hanging_up = False
+        #: Ends the call when one of its own tasks died of a bug (kept so it is not GC'd).
+        self._failure_end: asyncio.Task[None] | None = None
         self.brain: BrainHello | None = None
         # Counters for the end-of-call log line and tests (Prometheus has the totals).
-        self.frames_in = 0
         self.frames_to_brain = 0
-        self.frames_out = 0
-        self.marks_sent = 0
-        self.last_mark_played: str | None = None
         self._underruns_reported = 0
         self._underrun_ms_reported = 0.0
 
@@ -217,6 +208,41 @@ class Call:
     def clock_ms(self) -> float:
         """The call's clock (monotonic ms unless a test gave another)."""
         return self._clock_ms()
+
+    @property
+    def reflex(self) -> ReflexLoop:
+        """The call's reflex loop (inside its media engine)."""
+        return self.engine.reflex
+
+    @property
+    def playout(self) -> PlayoutBuffer:
+        """The call's playout buffer (inside its media engine)."""
+        return self.engine.playout
+
+    @property
+    def pacer(self) -> Pacer:
+        """The call's pacer (inside its media engine)."""
+        return self.engine.pacer
+
+    @property
+    def frames_in(self) -> int:
+        """Canonical caller frames received."""
+        return self.engine.frames_in
+
+    @property
+    def frames_out(self) -> int:
+        """Canonical frames sent to the caller."""
+        return self.engine.frames_out
+
+    @property
+    def marks_sent(self) -> int:
+        """Provider marks placed."""
+        return self.engine.marks_sent
+
+    @property
+    def last_mark_played(self) -> str | None:
+        """The name of the last mark the provider echoed."""
+        return self.engine.last_mark_played
 
     @property
     def tasks(self) -> tuple[asyncio.Task[None], ...]:
@@ -234,6 +260,8 @@ class Call:
             self._tasks.append(asyncio.create_task(self._watch_grace(), name=f"{label}:grace"))
         if self.spend is not None:
             self._tasks.append(asyncio.create_task(self._meter(), name=f"{label}:spend"))
+        for task in self._tasks:
+            task.add_done_callback(self._on_task_done)
         self._metrics.call_tasks.inc(len(self._tasks))
         self.bus.publish(
             "call",
@@ -290,6 +318,34 @@ class Call:
                 self.tap.connections,
             )
 
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        """A call task that dies of an exception ends the call: fail closed.
+
+        Without this a crashed meter would leave the call running unmetered until the
+        lease reaper charged it in full, and a crashed pacer would leave the caller in
+        silence. Cancellation (the normal end) and a clean return are not failures.
+        """
+        if task.cancelled() or self._ending or self._failure_end is not None:
+            return
+        exc = task.exception()
+        if exc is None:
+            return
+        self._metrics.call_task_failures.labels(task=task.get_name().rsplit(":", 1)[-1]).inc()
+        log.error(
+            "call %s: task %s failed; ending the call",
+            self.session_id,
+            task.get_name(),
+            exc_info=exc,
+        )
+        self._failure_end = asyncio.create_task(
+            self._end_after_failure(), name=f"{self.session_id}:failure-end"
+        )
+
+    async def _end_after_failure(self) -> None:
+        self._hanging_up = True
+        await self.end(SessionEndReason.ERROR)
+        await self.hang_up_provider(reason="internal error")
+
     async def _stop_tasks(self, tasks: list[asyncio.Task[None]]) -> None:
         """Cancel the call's tasks and wait for them, cancelling again if one swallowed it.
 
@@ -332,89 +388,80 @@ class Call:
     async def on_ingress(self, event: IngressEvent) -> None:
         """Handle one event from the provider leg."""
         if isinstance(event, AudioReceived):
-            await self._on_audio(event.payload)
-        elif isinstance(event, DtmfReceived):
-            await self.tap.send(Dtmf(event.digit), kind="dtmf")
-            await self._act(self.reflex.on_dtmf(self._clock_ms()))
-        elif isinstance(event, MarkPlayed):
-            self.last_mark_played = event.name
-            if event.name.isdigit():  # our marks are named by the frame count sent
-                self.reflex.on_mark(int(event.name) - 1, self._clock_ms())
+            await self._on_audio(event)
+        elif isinstance(event, DtmfReceived | MarkPlayed):
+            await self._carry_out(self.engine.on_ingress(event, self._clock_ms()))
         elif isinstance(event, StreamStopped):
             await self.end(SessionEndReason.CALLER_HANGUP)
         elif isinstance(event, StreamConnected | StreamStarted):
             # The adapter consumed these before the call existed; a repeat is harmless.
             pass
 
-    async def _on_audio(self, payload: bytes) -> None:
-        try:
-            frames = self._inbound.process(payload)
-        except ValueError:
-            self._metrics.bad_messages.labels("provider", "bad_audio").inc()
-            return
+    async def _on_audio(self, event: AudioReceived) -> None:
         tap = self.tap
-        sent = 0
-        now = self._clock_ms()
+        engine = self.engine
         if tap.connected != self._brain_up:
             self._brain_up = tap.connected
-            if tap.connected:
-                self.reflex.on_brain_up()
+            engine.set_brain_connected(tap.connected)
+        before = engine.frames_in
+        commands = engine.on_ingress(event, self._clock_ms())
+        received = engine.frames_in - before
+        sent = 0
+        for command in commands:
+            if isinstance(command, BrainAudio):
+                if await tap.send_audio_in(command.frame):
+                    sent += 1
             else:
-                self.reflex.on_brain_down()
-        reflex = self.reflex
-        for frame in frames:
-            if await tap.send_audio_in(frame):
-                sent += 1
-            actions = reflex.on_caller_frame(frame, now)
-            if actions:
-                await self._act(actions)
-        if frames:
-            self.frames_in += len(frames)
+                await self._carry_out_one(command)
+        if engine.wants_poll:
+            self._wake()
+        if received:
             self.frames_to_brain += sent
-            self._metrics.frames_in.inc(len(frames))
+            self._metrics.frames_in.inc(received)
             if sent:
                 self._metrics.frames_to_brain.inc(sent)
 
-    async def _act(self, actions: list[ReflexAction]) -> None:
-        """Carry out what the reflex loop decided, in order."""
-        for action in actions:
-            if isinstance(action, ClearProvider):
-                self._outbound.reset()  # drop the resampler's held tail of the cut audio
-                self._clear_pending = True
-                self._wake()
-            elif isinstance(action, WakePacer):
-                self._wake()
-            elif isinstance(action, SpeechStarted):
-                await self.tap.send(action, kind="speech_started")
-            elif isinstance(action, SpeechStopped):
-                self.tool_registry.turn_ended()
-                await self.tap.send(action, kind="speech_stopped")
+    async def _carry_out(self, commands: list[EngineCommand]) -> None:
+        """Carry out what the media engine decided, in order."""
+        for command in commands:
+            await self._carry_out_one(command)
+        if self.engine.wants_poll:
+            self._wake()
+
+    async def _carry_out_one(self, command: EngineCommand) -> None:
+        if isinstance(command, SpeechStarted):
+            await self.tap.send(command, kind="speech_started")
+        elif isinstance(command, SpeechStopped):
+            self.tool_registry.turn_ended()
+            await self.tap.send(command, kind="speech_stopped")
+        elif isinstance(command, Dtmf):
+            await self.tap.send(command, kind="dtmf")
+        elif isinstance(command, BrainAudio):
+            await self.tap.send_audio_in(command.frame)
+        elif isinstance(command, PlayoutOverflow):
+            if command.first:
+                log.warning(
+                    "call %s: brain is sending audio faster than the %d ms playout buffer "
+                    "drains; dropping the oldest unplayed audio (counted)",
+                    self.session_id,
+                    self.playout.max_ms,
+                )
+            self._metrics.playout_overflow_drops.inc()
+            self._metrics.playout_overflow_dropped_ms.inc(samples_to_ms(command.dropped_samples))
+        elif isinstance(command, BadInput):
+            self._metrics.bad_messages.labels("provider", command.reason).inc()
+        else:  # provider commands come from poll(), sent by the pacer task
+            await self._edge.send(command)
 
     # ---- brain -> core ------------------------------------------------------
 
     async def _on_brain_event(self, event: BrainEvent) -> None:
         if isinstance(event, AudioOut):
-            accepted, actions = self.reflex.accept_assistant_audio(event.item, self._clock_ms())
-            if actions:
-                await self._act(actions)
-            if not accepted:
-                return
-            dropped = self.playout.push(event.pcm, event.item)
-            if dropped:
-                if self.playout.overflow_events == 1:
-                    log.warning(
-                        "call %s: brain is sending audio faster than the %d ms playout buffer "
-                        "drains; dropping the oldest unplayed audio (counted)",
-                        self.session_id,
-                        self.playout.max_ms,
-                    )
-                self._metrics.playout_overflow_drops.inc()
-                self._metrics.playout_overflow_dropped_ms.inc(samples_to_ms(dropped))
-            self._wake()
+            await self._carry_out(self.engine.on_brain(event, self._clock_ms()))
             return
         self._metrics.brain_events.labels(type(event).__name__).inc()
         if isinstance(event, AudioClear):
-            await self._act(self.reflex.on_audio_clear(self._clock_ms()))
+            await self._carry_out(self.engine.on_brain(event, self._clock_ms()))
         elif isinstance(event, FunctionCall):
             if not self.tool_registry.claim(event.id):
                 # One answer per call id (TAP_PROTOCOL.md): a repeat is dropped, counted.
@@ -440,7 +487,20 @@ class Call:
                 )
         elif isinstance(event, BrainHello):
             self.brain = event
-            log.info("call %s: brain is %s %s", self.session_id, event.name, event.version)
+            if event.ignored:
+                # Declarations this core does not understand read as the defaults.
+                self._metrics.bad_messages.labels("brain", "ignored_declaration").inc(
+                    len(event.ignored)
+                )
+            await self._carry_out(self.engine.on_brain(event, self._clock_ms()))
+            log.info(
+                "call %s: brain is %s %s (turns=%s, interruptible=%s)",
+                self.session_id,
+                event.name,
+                event.version,
+                event.turns.value,
+                event.interruptible,
+            )
         elif isinstance(event, BrainError):
             self.bus.publish("brain", "brain_error", {"code": event.code})
             log.warning(
@@ -453,7 +513,12 @@ class Call:
             log.info("call %s: brain said bye (%.64s)", self.session_id, event.reason)
         elif isinstance(event, Usage):
             if self.spend is not None:
-                self.spend.on_usage(event, round(self._clock_ms()))
+                # Billed up to the meter's ceiling; a clamped report becomes a
+                # usage_anomaly receipt (and metric) through the bus, never an error.
+                self.spend.on_usage(event, round(self._clock_ms()), publish=self._publish_spend)
+        elif isinstance(event, AdvisorySpeechStopped) and self.engine.brain_turns:
+            # A brain that owns turns ends them: the per-turn tool budget starts again.
+            self.tool_registry.turn_ended()
         elif isinstance(event, AdvisorySpeechStarted | AdvisorySpeechStopped):
             # Advisory only: the core owns turns (doctrine 1).
             pass
@@ -622,7 +687,11 @@ class Call:
     async def _settle(self, reason: SessionEndReason) -> None:
         spend = self.spend
         assert spend is not None
-        actual = await spend.settle(round(self._clock_ms()), reason.value)
+        # Never above the reservation: cost beyond it (usage reported after the last
+        # tick) is published as an over_reservation anomaly before the settlement.
+        actual = await spend.settle(
+            round(self._clock_ms()), reason.value, publish=self._publish_spend
+        )
         self.bus.publish("spend", "settled", {"actual": actual, "reason": reason.value})
         await self._flush_receipts()
 
@@ -636,52 +705,25 @@ class Call:
             waiter.set_result(False)
 
     async def _pace(self) -> None:
-        pacer = self.pacer
+        """Send what the engine's pacer releases, waking at its deadlines or when woken."""
+        engine = self.engine
+        pacer = engine.pacer
         edge = self._edge
         loop = asyncio.get_running_loop()
         clock = self._clock_ms
-        mark_every = self._config.mark_every_frames
         lateness = self._metrics.pacer_lateness
         frames_out_metric = self._metrics.frames_out
-        reflex = self.reflex
-        tail_pending = False
         while not self._ending:
             self._wake_pending = False
-            if self._clear_pending:
-                self._clear_pending = False
-                tail_pending = False  # the resampler was reset: nothing of the cut audio left
-                await edge.send(ClearPlayback())
-            now = clock()
-            frames = [] if reflex.paused else pacer.poll(now)
-            for frame in frames:
-                reflex.on_frame_sent(frame, now)
-                payload = self._outbound.process(frame.pcm)
-                if payload:
-                    await edge.send(PlayAudio(payload))
-                self.frames_out += 1
-                if self.frames_out % mark_every == 0:
-                    self.marks_sent += 1
-                    await edge.send(PlaceMark(str(self.frames_out)))
-            if frames:
-                frames_out_metric.inc(len(frames))
-                tail_pending = True
-            elif (
-                tail_pending
-                and self.playout.buffered_samples == 0
-                and (
-                    pacer.state is not PacerState.PLAYING
-                    or pacer.lead_ms_now(clock()) <= DRAIN_LEAD_MS
-                )
-            ):
-                # Playout is about to run dry: release the ~25 ms the resampler still holds.
-                tail_pending = False
-                await edge.send(PlayAudio(self._outbound.drain()))
+            before = engine.frames_out
+            for command in engine.poll(clock()):
+                await edge.send(command)
+            if engine.frames_out != before:
+                frames_out_metric.inc(engine.frames_out - before)
             if pacer.underruns != self._underruns_reported:
                 self._report_underruns()
             now = clock()
-            deadline = None if reflex.paused else pacer.next_poll_ms(now)
-            if tail_pending and self.playout.buffered_samples == 0 and deadline is not None:
-                deadline = min(deadline, now + pacer.lead_ms_now(now) - DRAIN_LEAD_MS)
+            deadline = engine.next_deadline()
             if self._wake_pending:
                 continue
             delay_s = None if deadline is None else (deadline - now) / 1000.0

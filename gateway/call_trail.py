@@ -22,6 +22,9 @@ MAX_TRAIL_EVENTS = 2_000
 #: Stages whose events are also logged at INFO (the rest are DEBUG: the reflex
 #: loop changes state several times a turn).
 LOGGED_STAGES = frozenset({"call", "tool", "brain"})
+#: Event types logged at WARNING: a brain's usage clamped as implausible (or a cost
+#: settled at the reservation) is something an operator should look at.
+WARNING_TYPES = frozenset({"usage_anomaly"})
 
 
 class CallTrail:
@@ -37,8 +40,14 @@ class CallTrail:
         if len(self._events) == self._events.maxlen:
             self.dropped += 1
         self._events.append(event)
+        if event.type in WARNING_TYPES:
+            level = logging.WARNING
+        elif event.stage in LOGGED_STAGES:
+            level = logging.INFO
+        else:
+            level = logging.DEBUG
         log.log(
-            logging.INFO if event.stage in LOGGED_STAGES else logging.DEBUG,
+            level,
             "call %s %s.%s %s",
             self.session_id,
             event.stage,

@@ -226,7 +226,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with echo_brain_process() as brain:
         tap_url = f"ws://{LOOPBACK}:{brain.port}/echo"
         with gateway_process(
-            _demo_gateway_env(tap_url, token, barge_in=False, admin_key=admin_key), free_port()
+            _demo_gateway_env(tap_url, token, admin_key=admin_key), free_port()
         ) as gateway:
             url = f"http://{LOOPBACK}:{gateway.port}"
             print(f"  gateway     {url} (uvicorn; Twilio signatures enforced, demo token)")
@@ -341,17 +341,17 @@ def cmd_demo_conversation(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _demo_gateway_env(
-    tap_url: str, token: str, *, barge_in: bool = True, admin_key: str | None = None
-) -> dict[str, str]:
-    """A demo gateway's environment: secure mode with throwaway secrets, one brain."""
+def _demo_gateway_env(tap_url: str, token: str, *, admin_key: str | None = None) -> dict[str, str]:
+    """A demo gateway's environment: secure mode with throwaway secrets, one brain.
+
+    Reflex settings stay at their defaults (barge-in on): the echo brain says in
+    its hello that it must not be interrupted, and the core honours that.
+    """
     return {
         "RUTSTER_TAP_URL": tap_url,
         "TWILIO_AUTH_TOKEN": token,
         "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
         "RUTSTER_ADMIN_KEY": admin_key or secrets.token_hex(24),
-        # The echo brain talks over the caller by design; barge-in would cut it.
-        "RUTSTER_BARGE_IN": "on" if barge_in else "off",
     }
 
 

@@ -15,11 +15,15 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.env_values import ConfigError, env_bool, env_float, env_int, read_secret
+from gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES, MediaEngineConfig
 from gateway.reflex import (
     CONFIRM_FLOOR_DBFS,
     CONFIRM_MS,
     PAUSE_MS,
+    PAUSE_ON,
+    PAUSE_PROBABILITY,
     RESUME_MS,
+    PauseOn,
     ReflexConfig,
 )
 from gateway.spend_settings import SpendSettings
@@ -46,13 +50,21 @@ DEFAULT_PUBLIC_URL = "http://127.0.0.1:8080"
 DEFAULT_TAP_URL = "ws://127.0.0.1:8081/echo"
 #: Random per-process stream-token secret length when none is configured (256 bits).
 GENERATED_SECRET_BYTES = 32
-#: Send a Twilio ``mark`` every N outbound frames (10 x 20 ms = 200 ms): enough to
-#: know what the caller has heard without doubling the message rate. Seed decision.
-DEFAULT_MARK_EVERY_FRAMES = 10
 #: How long the brain may stay unreachable before the call is ended; 0 = never
 #: (TAP_PROTOCOL.md: the brain being down never ends a call by itself unless a
 #: configured grace period runs out).
 DEFAULT_BRAIN_GRACE_MS = 0
+
+
+def _pause_on(env: Mapping[str, str]) -> PauseOn:
+    raw = env.get("RUTSTER_BARGE_IN_PAUSE_ON", PAUSE_ON.value).strip().lower() or PAUSE_ON.value
+    try:
+        return PauseOn(raw)
+    except ValueError:
+        valid = ", ".join(p.value for p in PauseOn)
+        raise ConfigError(
+            f"RUTSTER_BARGE_IN_PAUSE_ON must be one of {valid}, got {raw!r}"
+        ) from None
 
 
 def _reflex_config(env: Mapping[str, str]) -> ReflexConfig:
@@ -65,6 +77,10 @@ def _reflex_config(env: Mapping[str, str]) -> ReflexConfig:
         confirm_ms=env_int(env, "RUTSTER_BARGE_IN_CONFIRM_MS", CONFIRM_MS, minimum=20),
         confirm_floor_dbfs=env_float(env, "RUTSTER_BARGE_IN_FLOOR_DBFS", CONFIRM_FLOOR_DBFS),
         resume_ms=env_int(env, "RUTSTER_BARGE_IN_RESUME_MS", RESUME_MS, minimum=20),
+        pause_on=_pause_on(env),
+        pause_probability=env_float(
+            env, "RUTSTER_BARGE_IN_PAUSE_PROBABILITY", PAUSE_PROBABILITY, minimum=0.0
+        ),
         barge_in=env_bool(env, "RUTSTER_BARGE_IN", True),
         dtmf_barge_in=env_bool(env, "RUTSTER_DTMF_BARGE_IN", False),
     )
@@ -121,6 +137,17 @@ class GatewayConfig:
     def sip_enabled(self) -> bool:
         """True when SIP workers may connect (``RUTSTER_SIP_SECRET`` is set)."""
         return self.sip_secret is not None
+
+    @property
+    def media_engine(self) -> MediaEngineConfig:
+        """The per-call media settings (reflex loop, playout, pacer, marks)."""
+        return MediaEngineConfig(
+            reflex=self.reflex,
+            playout_max_ms=self.playout_max_ms,
+            pacer_lead_ms=self.pacer_lead_ms,
+            pacer_start_ms=self.pacer_start_ms,
+            mark_every_frames=self.mark_every_frames,
+        )
 
     @property
     def twilio_rest_enabled(self) -> bool:

@@ -21,11 +21,17 @@ from gateway.spend_context import SpendContext
 from gateway.state import GatewayState
 from spend.gate import Admission, AdmissionRequest, wall_ms
 from spend.meter import CallCaps
-from spend.store import StoreUnavailable
+from spend.store import HEARTBEAT_INTERVAL_MS, StoreUnavailable
 from trunk.call_control import ProviderCallControl
 from trunk.events import IngressEvent, StreamStarted, StreamStopped
 
 log = logging.getLogger(__name__)
+
+#: How often an admitted call waiting for its stream has its lease renewed: as often as a
+#: live call's heartbeat (spend/store.py ``HEARTBEAT_INTERVAL_MS``), well inside the lease.
+HOLD_INTERVAL_S = HEARTBEAT_INTERVAL_MS / 1_000
+#: End reason of an admission whose media stream never opened.
+REASON_NO_MEDIA = "no_media"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,16 +122,45 @@ async def run_metered_call(
         await edge.close("call ended")
 
 
-async def release_if_never_connected(state: GatewayState, call_id: str, delay_s: float) -> None:
-    """Settle an admission at zero if its media stream never opened (on any process)."""
-    await asyncio.sleep(delay_s)
+async def release_if_never_connected(
+    state: GatewayState,
+    call_id: str,
+    delay_s: float,
+    *,
+    reason: str = REASON_NO_MEDIA,
+    give_up: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Hold an admission while its media stream may still come, then settle it at zero if
+    it never did (on any process).
+
+    Until ``delay_s`` has passed the call's lease is renewed every
+    :data:`HOLD_INTERVAL_S` (``SpendStore.hold``), so the reaper never charges a call that
+    is still ringing or opening its stream its full reservation: nothing is billed before
+    an answer. The wait ends early once the call is no longer "admitted" (its stream
+    started on some node, or the provider's status callback settled it). At the deadline
+    ``give_up`` runs first (e.g. cancel the provider's call, so it cannot be answered
+    after its admission is gone), then the call is settled at zero with ``reason``.
+    """
     store, gate = state.spend_store, state.spend_gate
     assert store is not None and gate is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + delay_s
+    while (left := deadline - loop.time()) > 0:
+        try:
+            held = await store.hold(call_id, wall_ms(), lease_ms=gate.policy.lease_ms)
+        except StoreUnavailable:
+            log.debug("call %s: could not renew an unconnected admission (Redis)", call_id)
+        else:
+            if not held.held:
+                return  # connected (here or on another node), or already settled
+        await asyncio.sleep(min(HOLD_INTERVAL_S, left))
     try:
         record = await store.get_call(call_id)
         if record is not None and record["status"] == "admitted":
             log.warning("call %s: admitted but no media stream came; releasing it", call_id)
-            await gate.settle_unanswered(call_id, "no_media")
+            if give_up is not None:
+                await give_up()
+            await gate.settle_unanswered(call_id, reason)
     except StoreUnavailable:
         # Its lease runs out and any gateway's reaper settles it once Redis is back.
         log.warning("call %s: could not release an unconnected admission (Redis)", call_id)

@@ -4,8 +4,9 @@ Twilio's ``/twilio/stream`` and the SIP workers' ``/sip/stream`` speak
 different message formats (each has its sans-I/O codec) but read their socket
 the same way: count and drop bad frames, refuse the socket on a fatal one,
 wait a bounded time for ``start``, and trust nothing until the stream token
-binds the call id, the brain URL and the admission context. ``source`` is
-the metrics label (``twilio``, ``sip``).
+binds the call id, the brain URL and the admission context, has not expired,
+and wins its one-time claim (gateway/stream_claims.py). ``source`` is the
+metrics label (``twilio``, ``sip``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from brains.tap import SessionEndReason
 from gateway.media_session import StreamEnded
 from gateway.spend_context import BadSpendContext, SpendContext
 from gateway.state import GatewayState
+from gateway.stream_claims import ClaimOutcome
 from gateway.ws_close import (
     CLOSE_MESSAGE_TOO_BIG,
     CLOSE_NORMAL,
@@ -30,14 +32,26 @@ from gateway.ws_close import (
     CLOSE_PROTOCOL_ERROR,
     CLOSE_SERVICE_RESTART,
 )
+from spend.store import StoreUnavailable
 from trunk.events import IngressProtocolError, StreamStarted, StreamStopped, UnknownIngressEvent
-from trunk.twilio.stream_token import StreamTokenSigner
+from trunk.twilio.stream_token import StreamTokenSigner, TokenStatus
 
 log = logging.getLogger(__name__)
 
 #: Time allowed between accepting a media socket and its ``start``: providers send it
 #: at once (Twilio: ``connected`` then ``start``); 10 s bounds idle sockets.
 START_TIMEOUT_S = 10.0
+
+#: Close reasons (1008) of refused media sockets, as the provider's logs will show them.
+REASON_INVALID_TOKEN = "invalid stream token"
+REASON_EXPIRED_TOKEN = "stream token expired"
+REASON_TOKEN_REPLAYED = "stream token already used"
+REASON_CALL_ENDED = "call already ended"
+#: Call-record statuses (spend/store.py CALL_STATUSES) of a call no socket may start:
+#: it was settled (ended) or never admitted (refused).
+_FINISHED_STATUSES = frozenset({"ended", "refused"})
+#: Status of a call whose media already started (on some node): a second socket is a replay.
+_STARTED_STATUS = "active"
 
 Frame = str | bytes
 #: A codec's ``receive``: one frame in, one event (or provider-specific message) out.
@@ -157,13 +171,25 @@ async def trusted_context(
     spend_text: str,
     token: str | None,
 ) -> SpendContext | None:
-    """The call's admission context once the stream token proves it; else refuse the socket."""
+    """The call's admission context once the stream token proves it; else refuse the socket.
+
+    The token must be authentic, unexpired and unused: this socket claims it, so any
+    other socket with the same token (here or on another node) is refused without
+    touching the call this one runs. A call whose record says it already ended is
+    not started again either.
+    """
     config = state.config
     metrics = state.metrics
-    if not StreamTokenSigner(config.stream_secret).verify(token, call_id, tap_url, spend_text):
+    verdict = StreamTokenSigner(config.stream_secret).check(token, call_id, tap_url, spend_text)
+    if verdict.status is TokenStatus.EXPIRED:
+        metrics.stream_token_failures.inc()
+        log.warning("%s media socket refused: expired stream token", source)
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, REASON_EXPIRED_TOKEN)
+        return None
+    if not verdict.ok:
         metrics.stream_token_failures.inc()
         log.warning("%s media socket refused: invalid stream token", source)
-        await refuse(websocket, CLOSE_POLICY_VIOLATION, "invalid stream token")
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, REASON_INVALID_TOKEN)
         return None
     try:
         context = SpendContext.decode(spend_text)
@@ -178,4 +204,47 @@ async def trusted_context(
         metrics.tap_url_rejections.inc()
         await refuse(websocket, CLOSE_POLICY_VIOLATION, "brain URL not allowed")
         return None
+    claimed = await state.stream_claims.claim(
+        state.spend_store, context.call_id, config.spend.node_id, verdict.expires_at_s
+    )
+    if claimed is ClaimOutcome.ALREADY_USED:
+        metrics.stream_token_replays.inc()
+        log.warning(
+            "%s media socket refused: call %s's stream token was already used",
+            source,
+            context.call_id,
+        )
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, REASON_TOKEN_REPLAYED)
+        return None
+    status = await _record_status(state, context.call_id)
+    if status == _STARTED_STATUS:
+        # Its claim is gone (expired or only node-local elsewhere) but its media started.
+        metrics.stream_token_replays.inc()
+        log.warning(
+            "%s media socket refused: call %s already has a media stream", source, context.call_id
+        )
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, REASON_TOKEN_REPLAYED)
+        return None
+    if status in _FINISHED_STATUSES:
+        # Settled before its stream came (no media in time, never answered, ...):
+        # running it now would dial the brain for a call nobody pays for.
+        metrics.stream_token_failures.inc()
+        log.warning("%s media socket refused: call %s already ended", source, context.call_id)
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, REASON_CALL_ENDED)
+        return None
     return context
+
+
+async def _record_status(state: GatewayState, call_id: str) -> str | None:
+    """The call record's status, or None when there is none to read (no store, a
+    fail-open admission not yet in Redis, or Redis unreachable: the call then starts
+    on its admission, as it would without this check)."""
+    store = state.spend_store
+    if store is None:
+        return None
+    try:
+        record = await store.get_call(call_id)
+    except StoreUnavailable:
+        log.warning("call %s: Redis unreachable when checking its record; starting it", call_id)
+        return None
+    return None if record is None else record["status"]

@@ -43,6 +43,13 @@ class GatewayMetrics:
             "rutster_call_tasks", "asyncio tasks owned by live calls (0 when idle)", registry=r
         )
         self.calls_total = Counter("rutster_calls", "Calls started", registry=r)
+        self.call_task_failures = Counter(
+            "rutster_call_task_failures",
+            "Call tasks (tap, pacer, grace, spend) that died of an exception; each ended "
+            "its call with session_end{error}",
+            ["task"],
+            registry=r,
+        )
         self.frames_in = Counter(
             "rutster_frames_in", "Canonical 20 ms caller frames produced", registry=r
         )
@@ -129,6 +136,12 @@ class GatewayMetrics:
             "Media sockets refused for a bad stream token",
             registry=r,
         )
+        self.stream_token_replays = Counter(
+            "rutster_stream_token_replays",
+            "Media sockets refused because their call's stream token was already used "
+            "(on any node: the mark is in Redis)",
+            registry=r,
+        )
         self.tap_url_rejections = Counter(
             "rutster_tap_url_rejections", "Brain URLs refused by the allowlist", registry=r
         )
@@ -153,6 +166,18 @@ class GatewayMetrics:
             "rutster_spend_limit_ends",
             "Calls ended by the spend gate, by reason (budget_exhausted, max_duration)",
             ["reason"],
+            registry=r,
+        )
+        self.spend_usage_anomalies = Counter(
+            "rutster_spend_usage_anomalies",
+            "Brain usage reports clamped as implausible, by kind (over_ceiling: more tokens "
+            "than the call's audio can carry; over_reservation: cost above what was reserved)",
+            ["kind"],
+            registry=r,
+        )
+        self.spend_usage_excess_micros = Counter(
+            "rutster_spend_usage_excess_micros",
+            "Cost not settled because it came from clamped usage (micro-USD)",
             registry=r,
         )
         self.spend_store_errors = Gauge(
@@ -190,5 +215,9 @@ class GatewayMetrics:
             actual = payload["actual"]
             if isinstance(actual, int) and actual > 0:
                 self.spend_settled_micros.inc(actual)
+        elif kind == "usage_anomaly":
+            self.spend_usage_anomalies.labels(str(payload["kind"])).inc()
+            if isinstance(excess := payload["excess_micros"], int) and excess > 0:
+                self.spend_usage_excess_micros.inc(excess)
         elif kind == "tool_call":
             self.tool_calls.labels(str(payload["tool"]), str(payload["status"])).inc()

@@ -12,6 +12,7 @@ from gateway.call import Call
 from gateway.call_trail import CallTrail
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
+from gateway.stream_claims import StreamClaims
 from trunk.call_control import ProviderCallControl
 from trunk.sip.worker_links import SipCallControl, SipWorkerRegistry
 
@@ -57,15 +58,26 @@ class GatewayState:
     #: SIP worker processes connected on ``/sip/workers``, and their calls' call control.
     sip_workers: SipWorkerRegistry = field(default_factory=SipWorkerRegistry)
     sip_call_control: SipCallControl = field(default_factory=SipCallControl)
+    #: One-time claims of stream tokens (Redis through ``spend_store``, node-local fallback).
+    stream_claims: StreamClaims = field(default_factory=StreamClaims)
     #: Admissions waiting for their media stream, by call id.
     media_watchers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     def watch_media_connect(self, call_id: str, watcher: Coroutine[Any, Any, None]) -> None:
         """Run ``watcher`` (releases the admission if no stream opens) until the call's
-        stream starts here, or it finishes; a strong reference keeps it alive."""
+        stream starts here, or it finishes; a strong reference keeps it alive. A new
+        watcher replaces the call's old one (a placed call rang, then was answered)."""
+        old = self.media_watchers.pop(call_id, None)
+        if old is not None:
+            old.cancel()
         task = asyncio.create_task(watcher, name=f"{call_id}:media-connect")
         self.media_watchers[call_id] = task
-        task.add_done_callback(lambda _: self.media_watchers.pop(call_id, None))
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if self.media_watchers.get(call_id) is done:
+                del self.media_watchers[call_id]
+
+        task.add_done_callback(forget)
 
     def media_connected(self, call_id: str) -> None:
         """The call's stream started in this process: its watcher is not needed."""

@@ -9,31 +9,53 @@ still hear a caller who talks over the assistant (double talk).
 
 1. :meth:`EchoGate.render` records the level (dBFS) of every frame the core
    sent, on a 20 ms slot timeline taken from its send time. Slots nothing was
-   sent for count as silence.
+   sent for count as silence, and so do the frames :meth:`EchoGate.unplayed`
+   says the provider dropped unplayed (a barge-in's ``clear``).
 2. Every ``delay_update_ms`` the gate cross-correlates (Pearson) the
    log-energy envelope of the last ``correlation_window_ms`` of capture with
    the render envelope at every lag from ``min_delay_ms`` to ``max_delay_ms``,
    in one vectorised pass. The best lag becomes the delay estimate once it
-   correlates well, and replaces an earlier one only when it correlates
-   clearly better (hysteresis), so double talk, which blurs the correlation,
-   does not move it.
+   correlates well over the window *and* over the frames where the render at
+   that lag was loud enough to be heard as echo (turn-taking alone, a caller
+   starting a few hundred ms into every answer that then stops, correlates
+   the two envelopes' on/off structure at the caller's reaction time with no
+   echo at all), and replaces an earlier one only when it correlates clearly
+   better (hysteresis), so double talk, which blurs the correlation, does
+   not move it. The delay moves at most once per update; a jump of more
+   than ``delay_spread_ms`` is a new echo path and drops all ERL learned.
 3. The echo expected in a capture frame is the loudest render frame within
    ``delay_spread_ms`` of that delay (a delay between frame boundaries, the
    echo path's smearing) minus the ERL. Without a delay it is the loudest
    render frame anywhere in the search range minus the ERL: conservative
    whatever the delay, so echo is gated from the first frame on.
 4. The ERL starts at ``min_erl_db``, the worst a line is assumed to have,
-   and is learned from (predicted render peak - capture) over recent frames
-   where render should have been audible as echo and the frame was judged
-   echo only. Without a delay it is the lowest of those (a clean line, with
-   no echo to find a delay in, so learns within ``min_erl_evidence_ms`` that
-   it has none). When a delay is found the evidence is taken afresh from the
-   history at that delay; from then on frames count only while the capture
-   envelope of the last ``echo_check_ms`` follows the render envelope
-   closely (which double talk breaks), and the ERL is a low percentile of
-   the evidence, never more than ``erl_spread_db`` under its median. Echo
-   that turns ``erl_shift_db`` louder than the evidence while the envelopes
-   still say echo alone replaces the evidence at once.
+   and is learned only from what cannot be the caller:
+
+   - *Without a delay: proven bounds.* The echo in a frame is never louder
+     than the frame (energies add), so were the echo at lag d, the ERL is at
+     least (render at d - capture) for every frame heard, whoever talked:
+     double talk only weakens the bound. Every update raises each lag's
+     bound from the last ``correlation_window_ms`` (the quietest render
+     within ``delay_spread_ms`` of the lag, less ``proof_wobble_db``); the
+     ERL is the weakest bound of all lags, so it never falls. A clean line
+     proves itself as soon as every lag has had a frame where its render was
+     loud and the line quiet (the old rule, the lowest (render peak -
+     capture) of frames judged not near end, let a caller judged echo drag
+     it down).
+   - *With a delay: echo-alone evidence.* Finding a delay (the echo proven,
+     item 2) resets the ERL to ``min_erl_db``; (render peak - capture) of
+     frames judged echo only is kept as evidence only while the capture
+     envelope of the last ``echo_check_ms`` follows the render envelope at
+     the delay closely (which double talk breaks), the history the delay was
+     found in too when it passes that test; the ERL is a low percentile of
+     it, never more than ``erl_spread_db`` under its median. Echo alone that
+     sits ``erl_shift_db`` under the evidence (the path turning louder, a
+     caller switching to speakerphone) replaces the evidence at once.
+
+   The ERL rises at most ``max_erl_rise_db_per_s``; falls are not limited
+   (they only hide more). Render the provider dropped unplayed
+   (:meth:`EchoGate.unplayed`, after a ``clear``) counts as silence, so it
+   proves nothing.
 5. A frame is *near end* when its level is at least
    ``max(near_end_floor_dbfs, predicted echo + margin_db)``. When nothing
    audible was rendered over the search range that is the floor alone: every
@@ -57,16 +79,24 @@ Measured (``bench/echo_gate.py``: speech and mock voice through the real
 the first 500 ms of echo and on at most 0.12 % of the frames after, never
 two in a row; a caller talking over the echo at natural level was heard on
 85-100 % of speech frames at 20-30 dB ERL (three near-end frames in a row
-60 ms after onset) but on 24-50 % at 6-10 dB, where the echo is as loud as
-the caller (three in a row after 280-900 ms); ~7.5 µs per capture frame plus
-~2 µs per render frame. With the canceller: 70-100 % at every ERL, three in
-a row within 60-300 ms, ~165 µs per frame. A sudden echo path change (8-12
-dB louder, or a new delay) gave false runs of 2-7 frames while the gate
-caught up, 23 frames (~0.5 s) when the echo turned 12 dB louder in the
-middle of an utterance.
+60-120 ms after onset) but on 24-50 % at 6-10 dB, where the echo is as loud
+as the caller (three in a row after 280-900 ms); ~12 µs per frame (render +
+capture). With the canceller: 58-100 % at every ERL, three in a row within
+60-280 ms, ~170 µs per frame. A sudden echo path change (8-12 dB louder, or
+a new delay) gave false runs of 2-7 frames while the gate caught up, and a
+clean line turning into a 10 dB echo mid-call ~3 s of false frames (until
+the delay is found, tests/test_media_echo_gate.py). On the reflex rig's
+clean line (tests/test_reflex.py), twelve interruptions in a row at -35 to
+-12 dBFS each paused within 60 ms, except one 300 ms into the call's first
+answer (below).
 
 Limits, by design: energy cannot separate a caller who is no louder than the
-echo from that echo (the canceller can, partly). Render sent more than
+echo from that echo (the canceller can, partly); at 6-10 dB ERL a stretch of
+double talk can pass the echo-alone test and lower the ERL (the safe
+direction). Before every lag has been proven clean, a caller quieter than the
+assistant who starts d ms into the call's first answer looks exactly like
+its echo d ms late at ``min_erl_db``: heard once their own pauses prove the
+lags (measured 40, 280, 780 ms at -12, -22, -35 dBFS, 300 ms in). Render sent more than
 ``render_ahead_ms`` ahead of the capture timeline is not modelled (the pacer
 sends ~60 ms ahead).
 """
@@ -106,12 +136,14 @@ __all__ = [
     "MARGIN_DB",
     "MAX_DELAY_MS",
     "MAX_ERL_DB",
+    "MAX_ERL_RISE_DB_PER_S",
     "MIN_CORRELATION",
     "MIN_CORRELATION_WINDOW_MS",
     "MIN_DELAY_MS",
     "MIN_ERL_DB",
     "MIN_ERL_EVIDENCE_MS",
     "NEAR_END_FLOOR_DBFS",
+    "PROOF_WOBBLE_DB",
     "RENDER_AHEAD_MS",
     "EchoCancellerUnavailableError",
     "EchoGate",
@@ -207,6 +239,20 @@ CAPTURE_RESYNC_MS = 1000.0
 #: opt-in, since it costs ~160 µs per frame, ~15x the gate alone.
 CANCELLER = False
 
+#: Fastest the ERL in use may rise, dB per second (chosen on the reflex rig's
+#: clean-line call in tests/test_reflex.py, in-sample: at 60 dB/s a caller
+#: 900 ms into the first answer waited 240 ms; checked on bench/echo_gate.py,
+#: unchanged): one 200 ms update raises it by at most 24 dB, a clean line's
+#: 6 -> 37 dB takes ~0.3 s once proven. Falls are not limited: a lower ERL
+#: only hides more, the safe direction.
+MAX_ERL_RISE_DB_PER_S = 120.0
+
+#: Allowance taken off every proven ERL bound (measured, tests and
+#: bench/echo_gate.py): envelopes of echo alone wobble around render - ERL
+#: (the path's smearing, mu-law, +-2 dB of level wobble), so the highest
+#: (render - capture) of a window sat up to ~2.2 dB above the true ERL.
+PROOF_WOBBLE_DB = 3.0
+
 #: Envelope floor (seed decision): below it levels are quantisation and line
 #: noise; clamping keeps digital silence (-100 dBFS) from dominating the
 #: correlation. Render at or below it cannot produce audible echo.
@@ -289,6 +335,8 @@ class EchoGateConfig:
     delay_hysteresis: float = DELAY_HYSTERESIS
     min_erl_db: float = MIN_ERL_DB
     max_erl_db: float = MAX_ERL_DB
+    max_erl_rise_db_per_s: float = MAX_ERL_RISE_DB_PER_S
+    proof_wobble_db: float = PROOF_WOBBLE_DB
     erl_window_ms: float = ERL_WINDOW_MS
     min_erl_evidence_ms: float = MIN_ERL_EVIDENCE_MS
     erl_percentile: float = ERL_PERCENTILE
@@ -325,6 +373,8 @@ class EchoGateConfig:
             "erl_spread_db",
             "erl_shift_db",
             "margin_db",
+            "max_erl_rise_db_per_s",
+            "proof_wobble_db",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -461,6 +511,8 @@ class EchoGate:
         "_near_end_floor",
         "_pending",
         "_pending_quiet",
+        "_proof",
+        "_proof_start",
         "_render_env",
         "_render_head",
         "_render_pcm",
@@ -498,6 +550,13 @@ class EchoGate:
         self._erl_ratios: npt.NDArray[np.float64] = np.zeros(ms_to_frames(config.erl_window_ms))
         self._pending: list[float] = []
         self._pending_quiet: list[float] = []
+        # Per searched lag (row k is lag lag_max + spread - k, as in
+        # _update_proof): the ERL that frames heard since _proof_start prove
+        # (-inf: nothing proven yet).
+        self._proof: npt.NDArray[np.float64] = np.full(
+            self._lag_max + self._spread - self._lag_min + 1, -math.inf
+        )
+        self._proof_start = 0
         self._render_pcm: dict[int, bytes] = {}
         self._canceller = _new_canceller() if config.canceller else None
         self._init_state()
@@ -551,6 +610,21 @@ class EchoGate:
         if self._canceller is not None:
             self._render_pcm[slot] = frame
 
+    def unplayed(self, frames: int) -> None:
+        """The newest ``frames`` frames rendered were never played (the provider cleared them).
+
+        Their slots become silence: the caller never heard them, so they can
+        have no echo, and a quiet capture where they would have echoed
+        proves nothing about the ERL. Frames sent again later are rendered
+        again, in later slots.
+        """
+        head = self._render_head
+        if head is None or frames <= 0:
+            return
+        self._render_env.silence(head - frames + 1, head)
+        for slot in range(head - frames + 1, head + 1):
+            self._render_pcm.pop(slot, None)
+
     def capture(self, frame: bytes, now_ms: float) -> EchoVerdict:
         """Judge a canonical caller frame that arrived at ``now_ms``.
 
@@ -566,7 +640,7 @@ class EchoGate:
                 # time, and trust no delay until one is found on it again.
                 self._capture_env.silence(head + 1, slot - 1)
                 self._judged_env.silence(head + 1, slot - 1)
-                self._forget_delay()
+                self._forget_delay(slot - 1)
             else:
                 slot = head + 1
         self._capture_head = slot
@@ -602,10 +676,12 @@ class EchoGate:
         else:
             echo = render_peak - erl
             near_end = level >= max(self._near_end_floor, echo + self._margin)
-            if echo >= self._near_end_floor:
-                # Render loud enough for its echo to be heard: ERL evidence if
-                # nothing else was heard (and, once the delay is known, the
-                # envelopes around it say echo alone; see _update_erl).
+            if render_peak - self._min_erl >= self._near_end_floor:
+                # Render loud enough for its echo to be heard at the worst ERL
+                # assumed: ERL evidence if nothing else was heard and, the
+                # delay known, the envelopes around it say echo alone (see
+                # _update_erl); or the sign that the echo turned louder than
+                # the ERL in use allows.
                 self._pending.append(render_peak - level)
                 if not near_end:
                     self._pending_quiet.append(render_peak - level)
@@ -643,10 +719,20 @@ class EchoGate:
         out = canceller.process(np.frombuffer(frame, dtype=np.int16), far)
         return out.astype("<i2", copy=False).tobytes()
 
-    def _forget_delay(self) -> None:
-        """Drop the delay and the ERL learned at it (back to the conservative prediction)."""
+    def _forget_delay(self, slot: int | None = None) -> None:
+        """Drop the delay and all the ERL learned (back to the conservative prediction).
+
+        ``slot``: the capture slot the echo path may have changed at; the ERL
+        is proven again from frames after it only (None: from any frame).
+        """
         self._delay: int | None = None
+        self._forget_evidence()
         self._erl = self._min_erl
+        self._proof.fill(-math.inf)
+        self._proof_start = -(2**62) if slot is None else slot + 1
+
+    def _forget_evidence(self) -> None:
+        """Drop the echo-alone ERL evidence (not the proven bounds)."""
         self._erl_count = 0
         self._erl_index = 0
         self._erl_median = math.inf
@@ -654,7 +740,15 @@ class EchoGate:
         self._pending_quiet.clear()
 
     def _update_delay(self, slot: int) -> None:
-        """Re-estimate the echo delay from the envelopes ending at capture ``slot``."""
+        """Re-estimate the echo delay from the envelopes ending at capture ``slot``.
+
+        A lag is believed only when the capture follows the render at it on
+        the frames where that render was loud enough to be heard as echo
+        (``_follows``), not merely over the whole window: turn-taking alone
+        (the caller starting a few hundred ms into every answer, the answer
+        stopping when they do) correlates the two envelopes' on/off
+        structure at the caller's reaction time, with no echo at all.
+        """
         count = min(self._capture_count, self._window)
         if count < self._min_window:
             return
@@ -683,31 +777,56 @@ class EchoGate:
         corr = np.where(usable, covariance / np.sqrt(np.maximum(row_var, 1.0) * capture_var), -1.0)
         best = int(np.argmax(corr))
         best_corr = float(corr[best])
-        if best_corr < self._config.min_correlation:
+        if best_corr < self._config.min_correlation or not self._follows(rows[best], capture):
             return
         best_lag = lag_max - best
         current = self._delay
-        if current is None or (
+        if current is None:
+            # The first echo path found: back to the worst ERL assumed, then
+            # learned from echo alone at it.
+            self._forget_delay(slot)
+            self._delay = best_lag
+            self._seed_evidence(slot, best_lag)
+        elif (
             best_lag != current
             and best_corr >= float(corr[lag_max - current]) + self._config.delay_hysteresis
         ):
-            if current is None or abs(best_lag - current) > self._spread:
-                # A (new) echo path: what was learned without it, or about
-                # the old one, does not hold; learn it from the history.
-                self._forget_delay()
-                self._delay = best_lag
-                self._seed_evidence(slot, best_lag)
-            else:
-                self._delay = best_lag
+            if abs(best_lag - current) > self._spread:
+                # A new echo path: nothing learned about the old one holds;
+                # learn it afresh from the frames after now.
+                self._forget_delay(slot)
+            self._delay = best_lag
+
+    def _follows(self, render: npt.NDArray[np.float64], capture: npt.NDArray[np.float64]) -> bool:
+        """Whether ``capture`` follows ``render`` (aligned) where render could be heard as echo.
+
+        Pearson correlation over the frames whose render, at the worst ERL
+        assumed, would be echo above the near-end floor; at least
+        ``min_correlation_window_ms`` of them.
+        """
+        audible = render - self._min_erl >= self._near_end_floor
+        if int(audible.sum()) < self._min_window:
+            return False
+        r = render[audible]
+        c = capture[audible]
+        r = r - r.mean()
+        c = c - c.mean()
+        energy = float(r @ r) * float(c @ c)
+        if energy < (_MIN_ENVELOPE_VARIANCE * len(r)) ** 2:
+            return False
+        return float(r @ c) >= self._config.min_correlation * math.sqrt(energy)
 
     def _seed_evidence(self, slot: int, delay: int) -> None:
         """Fill the ERL evidence from the envelope history at a newly found ``delay``.
 
-        The history the delay was just found in is mostly echo; frames that
-        the conservative ERL would call near end are left out, like the
-        frames :meth:`capture` leaves out.
+        Only when the capture envelope of that history follows the render's
+        at the delay closely (echo alone, as :meth:`_update_erl` asks of
+        every frame it keeps); frames that the conservative ERL would call
+        near end are left out, like the frames :meth:`capture` leaves out.
         """
         count = min(self._capture_count, self._window, len(self._erl_ratios))
+        if not self._echo_alone(slot, delay, count):
+            return
         lo, hi = max(self._lag_min, delay - self._spread), delay + self._spread
         capture = self._judged_env.window(slot, count)
         render = self._render_env.window(slot - lo, count + hi - lo)
@@ -722,57 +841,103 @@ class EchoGate:
         quiet = capture < np.maximum(self._near_end_floor, echo + self._margin)
         self._add_evidence((peak - capture)[audible & quiet].tolist())
 
-    def _update_erl(self, slot: int) -> None:
-        """Take in the pending ERL evidence if echo alone explains the capture; re-take the ERL.
+    def _update_proof(self, slot: int) -> None:
+        """Raise the proven ERL bound of every lag from the frames heard lately.
 
-        Double talk too quiet to be called near end still lowers (render -
-        capture) and, if kept, would drag the ERL down, which lets more double
-        talk through, and so on. The capture envelope follows the render
-        envelope at the delay closely when it is echo alone and loses that
-        when the caller talks too, so evidence is kept only while the two
-        correlate over ``echo_check_ms``. When they correlate over the
-        pending frames alone too, yet those sit ``erl_shift_db`` under the
-        evidence, the echo path got louder (a caller switching to
-        speakerphone): most of its frames are near end and would never become
-        evidence, so the old evidence is dropped and the ERL follows at once.
+        The echo in a frame is never louder than the frame itself (energies
+        add; double talk only adds more), so if the echo path has lag d, the
+        ERL is at least (render at d - capture) for *every* frame, whoever
+        was talking: a caller talking over the assistant makes the bound
+        weaker, never wrong. The render taken is the quietest within
+        ``delay_spread_ms`` of d (a delay between frame boundaries mixes its
+        neighbours in). Bounds only rise here; they fall only when echo
+        alone says the path got louder (:meth:`_update_erl`) or a new path
+        is found.
         """
+        count = min(self._capture_count, self._window, slot - self._proof_start + 1)
+        if count <= 0:
+            return
+        lo, hi = self._lag_min, self._lag_max + self._spread
+        capture = self._judged_env.window(slot, count)
+        render = self._render_env.window(slot - lo, count + hi - lo)
+        # Row k is the render envelope at lag hi - k.
+        rows: npt.NDArray[np.float64] = np.ndarray(
+            (hi - lo + 1, count), np.float64, render, 0, (_ITEM, _ITEM)
+        )
+        quietest = rows.copy()
+        for shift in range(1, self._spread + 1):
+            np.minimum(quietest[shift:], rows[:-shift], out=quietest[shift:])
+            np.minimum(quietest[:-shift], rows[shift:], out=quietest[:-shift])
+        heard = quietest > _ENVELOPE_FLOOR_DBFS
+        bound = np.where(heard, quietest - capture, -math.inf).max(axis=1)
+        bound -= self._config.proof_wobble_db
+        np.maximum(self._proof, np.minimum(bound, self._config.max_erl_db), out=self._proof)
+
+    def _update_erl(self, slot: int) -> None:
+        """Re-take the ERL: proven bounds, plus echo-alone evidence once the delay is known.
+
+        Nothing here is learned from a frame that can hold the caller:
+
+        - the proven bound (:meth:`_update_proof`) holds whoever talks;
+          without a delay the ERL is the lowest bound over all lags (the
+          echo may be at any of them), with one that of the delay;
+        - (render - capture) of frames judged echo only is kept as evidence
+          only while the capture envelope of the last ``echo_check_ms``
+          follows the render envelope at the delay closely, which double
+          talk breaks; its low percentile (never more than
+          ``erl_spread_db`` under its median) may raise the ERL above the
+          bound. Without a delay nothing is echo-alone evidence.
+
+        When the envelopes say echo alone over the pending frames too, yet
+        those sit ``erl_shift_db`` under the ERL or the evidence, the echo
+        path got louder (a caller switching to speakerphone): bounds and
+        evidence are dropped and the ERL follows at once. Rises are limited
+        to ``max_erl_rise_db_per_s``; falls are not (they only hide more).
+        """
+        self._update_proof(slot)
         pending, quiet = self._pending, self._pending_quiet
         delay = self._delay
-        if delay is None:
-            # No delay yet (or no echo to find one in): the evidence is against
-            # the loudest render of the whole search range, conservative
-            # whatever the delay; a clean line learns a high ERL this way.
-            self._add_evidence(quiet)
-        elif pending and self._echo_alone(slot, delay, self._echo_check):
-            if (
-                self._erl_count >= self._min_erl_evidence
-                and _median(pending) < self._erl_median - self._config.erl_shift_db
-                and self._echo_alone(slot, delay, len(pending))
-            ):
-                self._erl_count = self._erl_index = 0
-                self._erl_median = math.inf
-                self._erl = max(min(self._erl, min(pending)), _ERL_FLOOR_DB)
-                quiet = pending
-            self._add_evidence(quiet)
+        if delay is not None and pending and self._echo_alone(slot, delay, self._echo_check):
+            known = self._erl_count >= self._min_erl_evidence
+            reference = self._erl_median if known else self._erl
+            # Capture louder than the render it would echo is not echo (a path
+            # with gain): double talk the envelopes did not tell apart.
+            shift = _median(pending)
+            louder = _ERL_FLOOR_DB <= shift < reference - self._config.erl_shift_db
+            if louder and self._echo_alone(slot, delay, len(pending)):
+                louder_echo = list(pending)
+                self._forget_evidence()
+                self._proof.fill(-math.inf)
+                self._proof_start = slot + 1
+                by_size = sorted(louder_echo)
+                low = by_size[min(len(by_size) - 1, int(len(by_size) * self._erl_quantile))]
+                self._erl = max(min(self._erl, low), _ERL_FLOOR_DB)
+                self._add_evidence(louder_echo)
+            else:
+                self._add_evidence(quiet)
         pending.clear()
-        self._pending_quiet.clear()
-        count = self._erl_count
-        if count < self._min_erl_evidence:
-            return
-        evidence = self._erl_ratios[:count]
+        quiet.clear()
         if delay is None:
-            # Against the loudest render of the search range the echo is as
-            # loud as predicted only now and then: the lower edge of the
-            # evidence is rarely reached, so take the edge itself.
-            low = float(evidence.min())
+            # The echo may be at any lag: the weakest bound, and never under
+            # the worst ERL assumed. Bounds only rise, so this never falls.
+            target = max(float(self._proof.min()), self._min_erl, self._erl)
         else:
-            # k-th smallest by partition: np.percentile costs ~20x as much.
-            rank = min(count - 1, int(count * self._erl_quantile))
-            middle = count // 2
-            ordered = np.partition(evidence, (rank, middle))
-            self._erl_median = median = float(ordered[middle])
-            low = max(float(ordered[rank]), median - self._config.erl_spread_db)
-        self._erl = min(max(low, _ERL_FLOOR_DB), self._config.max_erl_db)
+            # Echo proven at the delay: its level is measured, not bounded.
+            # The bounds, a maximum over time, would hold the quietest the
+            # echo ever was against an echo level that drifts; the
+            # echo-alone evidence follows it (and may fall: echo alone).
+            target = self._erl  # until enough evidence, hold
+            count = self._erl_count
+            if count >= self._min_erl_evidence:
+                # k-th smallest by partition: np.percentile costs ~20x as much.
+                rank = min(count - 1, int(count * self._erl_quantile))
+                middle = count // 2
+                ordered = np.partition(self._erl_ratios[:count], (rank, middle))
+                self._erl_median = median = float(ordered[middle])
+                target = max(float(ordered[rank]), median - self._config.erl_spread_db)
+        target = min(max(target, _ERL_FLOOR_DB), self._config.max_erl_db)
+        rise = self._config.max_erl_rise_db_per_s * self._update_every * FRAME_MS / 1000.0
+        self._erl = min(target, self._erl + rise) if target > self._erl else target
 
     def _echo_alone(self, slot: int, delay: int, frames: int) -> bool:
         """Whether the capture envelope of the last ``frames`` follows the render's at ``delay``."""

@@ -116,6 +116,11 @@ class Pacer:
         """Total silence, in ms, the caller heard inside items because audio came late."""
         return self._underrun_ms
 
+    @property
+    def queued_until_ms(self) -> float:
+        """When the provider will have played everything sent so far (-inf: nothing yet)."""
+        return self._queued_until
+
     def lead_ms_now(self, now_ms: float) -> float:
         """How far ahead of ``now_ms`` the provider's queue reaches (0 when dry)."""
         return max(0.0, self._queued_until - now_ms)
@@ -210,6 +215,11 @@ class Pacer:
         self._state = PacerState.IDLE
         self._starved_item = None
         return discarded_ms
+
+    def extend(self, now_ms: float, ms: float) -> None:
+        """The provider was sent ``ms`` of audio that did not come from the buffer
+        (the outbound resampler's tail): its queue reaches that much further."""
+        self._queued_until = max(self._queued_until, now_ms) + ms
 
     def halt(self, now_ms: float) -> None:
         """Barge-in pause: the provider's queue was cleared, but keep what is buffered.

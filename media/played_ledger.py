@@ -76,6 +76,18 @@ class PlayedLedger:
         self._sent += 1
         return entry
 
+    def extended(self, now_ms: float, ms: float) -> None:
+        """``ms`` of audio outside any frame (the resampler's tail) was queued at ``now_ms``:
+        frames sent after it start that much later."""
+        self._queue_end_ms = max(self._queue_end_ms, now_ms) + ms
+
+    def recent(self, count: int) -> list[SentFrame]:
+        """The last ``count`` frames recorded (fewer if fewer are remembered), oldest first."""
+        if count <= 0:
+            return []
+        frames = self._frames
+        return [frames[i] for i in range(max(0, len(frames) - count), len(frames))]
+
     def mark_played(self, index: int, now_ms: float) -> None:
         """The provider echoed the mark placed after frame ``index`` at ``now_ms``.
 

@@ -26,11 +26,20 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from brains.tap import Usage
 from spend.journal import SpendJournal
 from spend.limits import TenantLimits, tightest
-from spend.meter import CallCaps, CallMeter, End, Extend, MeterSnapshot, QuantumPolicy
+from spend.meter import (
+    CallCaps,
+    CallMeter,
+    End,
+    Extend,
+    MeterSnapshot,
+    QuantumPolicy,
+    UsageAnomaly,
+)
 from spend.money import Micros
 from spend.prices import PriceTable
 from spend.store import (
@@ -324,8 +333,21 @@ class SpendGate:
                     )
 
 
+#: Event published (stage "spend") for each :class:`~spend.meter.UsageAnomaly` of a call;
+#: its payload is :meth:`~spend.meter.UsageAnomaly.payload` (the anomaly's ``kind`` and counts).
+EVENT_USAGE_ANOMALY = "usage_anomaly"
+
+#: ``publish(type, payload)``: how a call's spend events reach its event bus.
+Publish: TypeAlias = Callable[[str, Mapping[str, int | str]], None]
+
+
 class CallSpend:
-    """One live call's spend: extends its reservation, ends it when money runs out, settles."""
+    """One live call's spend: extends its reservation, ends it when money runs out, settles.
+
+    Brain usage is billed up to the meter's ceiling and the settlement is never
+    above the reservation; each clamp is published as a ``usage_anomaly`` event
+    (:data:`EVENT_USAGE_ANOMALY`) and counted in ``anomalies``.
+    """
 
     def __init__(
         self, gate: SpendGate, call_id: str, tenant: str, meter: CallMeter, *, degraded: bool
@@ -341,10 +363,27 @@ class CallSpend:
         self._settled = False
         self.extensions = 0
         self.refusals = 0
+        #: Usage anomalies met (over_ceiling reports, an over_reservation settlement).
+        self.anomalies = 0
 
-    def on_usage(self, usage: Usage, now_ms: int) -> None:
-        """A brain ``usage`` event: add its tokens to the running cost."""
-        self.meter.on_tap_usage(usage, now_ms)
+    def on_usage(
+        self, usage: Usage, now_ms: int, publish: Publish | None = None
+    ) -> UsageAnomaly | None:
+        """A brain ``usage`` event: add its tokens to the running cost (up to the ceiling).
+
+        An implausible report is clamped, never refused: its anomaly is returned and
+        published.
+        """
+        anomaly = self.meter.on_tap_usage(usage, now_ms)
+        self._record(anomaly, publish)
+        return anomaly
+
+    def _record(self, anomaly: UsageAnomaly | None, publish: Publish | None) -> None:
+        if anomaly is None:
+            return
+        self.anomalies += 1
+        if publish is not None:
+            publish(EVENT_USAGE_ANOMALY, anomaly.payload())
 
     def snapshot(self, now_ms: int) -> MeterSnapshot:
         """Cost and reservation now (for receipts and the dashboard)."""
@@ -354,10 +393,12 @@ class CallSpend:
         self._seq += 1
         return self._seq
 
-    async def tick(
-        self, now_ms: int, publish: Callable[[str, Mapping[str, int | str]], None] | None = None
-    ) -> End | None:
-        """Consult the meter: extend the reservation, renew the lease, or say the call must end."""
+    async def tick(self, now_ms: int, publish: Publish | None = None) -> End | None:
+        """Consult the meter: extend the reservation, renew the lease, or say the call must end.
+
+        The running cost given to the store is what would be settled now (at most the
+        reservation), so a reaper that settles this call never charges more.
+        """
         decision = self.meter.decide(now_ms)
         if isinstance(decision, End):
             return decision
@@ -370,7 +411,7 @@ class CallSpend:
                     self._next_seq(),
                     decision.amount,
                     gate._wall_ms(),
-                    cost,
+                    self.meter.settlement(now_ms),
                     lease_ms=gate.policy.lease_ms,
                 )
             except StoreUnavailable:
@@ -400,7 +441,7 @@ class CallSpend:
         last = self._last_heartbeat_ms
         if last is None or now_ms - last >= gate.policy.heartbeat_ms:
             self._last_heartbeat_ms = now_ms
-            seq, at, cost = self._next_seq(), gate._wall_ms(), self.meter.cost_ms(now_ms)
+            seq, at, cost = self._next_seq(), gate._wall_ms(), self.meter.settlement(now_ms)
             try:
                 await gate.store.heartbeat(
                     self.call_id, seq, at, cost, lease_ms=gate.policy.lease_ms
@@ -413,12 +454,17 @@ class CallSpend:
                 await gate.journal.record_heartbeat(self.call_id, seq, at, cost)
         return None
 
-    async def settle(self, now_ms: int, reason: str) -> Micros:
-        """Stop the meter and settle the actual cost (journalled if Redis is down). Once."""
+    async def settle(self, now_ms: int, reason: str, publish: Publish | None = None) -> Micros:
+        """Stop the meter and settle the actual cost (journalled if Redis is down). Once.
+
+        The amount is the meter's cost, but never more than the reservation (nor so the
+        cap); cost above it is published as an ``over_reservation`` anomaly.
+        """
         self.meter.stop(now_ms)
         actual = self.meter.settlement(now_ms)
         if self._settled:
             return actual
         self._settled = True
+        self._record(self.meter.over_reservation(now_ms), publish)
         await self.gate._settle(self.call_id, seq=self._next_seq(), actual=actual, reason=reason)
         return actual

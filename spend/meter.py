@@ -14,26 +14,36 @@ gate drives it:
    :meth:`~CallMeter.on_extension_refused` (the budget said no) or
    :meth:`~CallMeter.on_extension_failed` (the store could not be asked; a later
    tick asks again); or ``End(reason)`` — hang up (sticky);
-4. at hang-up :meth:`~CallMeter.stop`, then settle :meth:`~CallMeter.settlement`.
+4. at hang-up :meth:`~CallMeter.stop`, then settle :meth:`~CallMeter.settlement`
+   (and record :meth:`~CallMeter.over_reservation`, if any).
 
 Cost = telephony for the elapsed time (whole billing increments, rounded up)
 + brain tokens (cumulative per model, one ceil). Budget checks look
 ``hangup_guard_ms`` ahead for telephony, so the call is hung up before it
-starts a billing increment it cannot pay for, not after.
+starts a billing increment it cannot pay for, not after; spending exactly the
+cap or the reservation is allowed (a cap of one increment pays for all of it).
+
+A brain's counts are its own word, so they are bounded twice. Each report is
+clamped to the :class:`UsageCeiling` (the most tokens the call time carried so
+far can plausibly have used); the clamped part is still billed, the rest is
+returned as an ``over_ceiling`` :class:`UsageAnomaly`. And the settlement is
+never more than the reservation (itself never more than the call's max cost):
+cost above it is an ``over_reservation`` anomaly. No count raises.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
 from typing import Final, Literal, TypeAlias
 
 from brains.tap import Usage
-from spend.money import Micros
+from spend.money import MAX_MICROS, Micros
 from spend.prices import (
     GPT_REALTIME_RATES,
+    MAX_TOKEN_COUNT,
     TOKENS_PER_RATE_UNIT,
     PriceTable,
     TelephonyRate,
@@ -41,6 +51,12 @@ from spend.prices import (
 )
 
 __all__ = [
+    "ANOMALY_OVER_CEILING",
+    "ANOMALY_OVER_RESERVATION",
+    "CEILING_INPUT_TOKENS_PER_S",
+    "CEILING_OUTPUT_MARGIN",
+    "CEILING_OUTPUT_TOKENS_PER_S",
+    "CEILING_RESPONSES_PER_S",
     "CONTINUE",
     "DEFAULT_HANGUP_GUARD_MS",
     "DEFAULT_LOW_WATER_FRACTION",
@@ -51,6 +67,11 @@ __all__ = [
     "EXPECTED_INPUT_AUDIO_TOKENS_PER_MINUTE",
     "EXPECTED_OUTPUT_AUDIO_TOKENS_PER_MINUTE",
     "MAX_MODELS_PER_CALL",
+    "REALTIME_CONTEXT_WINDOW_TOKENS",
+    "REALTIME_INPUT_AUDIO_TOKENS_PER_S",
+    "REALTIME_MAX_OUTPUT_TOKENS",
+    "REALTIME_OUTPUT_AUDIO_TOKENS_PER_S",
+    "AnomalyKind",
     "CallCaps",
     "CallMeter",
     "Continue",
@@ -60,17 +81,25 @@ __all__ = [
     "MeterDecision",
     "MeterSnapshot",
     "QuantumPolicy",
+    "UsageAnomaly",
+    "UsageCeiling",
 ]
 
-#: Input audio tokens per minute of caller audio: OpenAI's realtime models count
-#: about 1 token per 100 ms of input audio (issue-5 design derivation).
-EXPECTED_INPUT_AUDIO_TOKENS_PER_MINUTE = 600
-#: Output audio tokens per minute of call: about 1 token per 50 ms of assistant
-#: audio (1200/min), with the assistant speaking half the minute (issue-5 design).
-EXPECTED_OUTPUT_AUDIO_TOKENS_PER_MINUTE = 600
+#: Input audio tokens per second of caller audio: OpenAI's realtime models count
+#: 1 token per 100 ms of user audio (developers.openai.com/api/docs/guides/realtime-costs).
+REALTIME_INPUT_AUDIO_TOKENS_PER_S = 10
+#: Output audio tokens per second of assistant audio: 1 token per 50 ms
+#: (developers.openai.com/api/docs/guides/realtime-costs).
+REALTIME_OUTPUT_AUDIO_TOKENS_PER_S = 20
+#: Input audio tokens per minute of caller audio: 10/s x 60 (issue-5 design derivation).
+EXPECTED_INPUT_AUDIO_TOKENS_PER_MINUTE = REALTIME_INPUT_AUDIO_TOKENS_PER_S * 60
+#: Output audio tokens per minute of call: 20/s x 60 = 1200/min of assistant audio,
+#: with the assistant speaking half the minute (issue-5 design): 600.
+EXPECTED_OUTPUT_AUDIO_TOKENS_PER_MINUTE = REALTIME_OUTPUT_AUDIO_TOKENS_PER_S * 60 // 2
 #: Expected brain spend per minute of call, at gpt-realtime's audio rates:
 #: 600 x $32/1M (19_200 micros) + 600 x $64/1M (38_400) = 57_600 micros. Only
-#: sizes the reservation quanta: the meter charges what the brain reports.
+#: sizes the reservation quanta: the meter charges what the brain reports (up to the
+#: usage ceiling below).
 EXPECTED_BRAIN_MICROS_PER_MINUTE = -(
     -(
         EXPECTED_INPUT_AUDIO_TOKENS_PER_MINUTE * GPT_REALTIME_RATES.audio_in
@@ -90,9 +119,41 @@ DEFAULT_HANGUP_GUARD_MS = 2_000
 #: two); reports naming further models are billed at the "*" rates.
 MAX_MODELS_PER_CALL = 8
 
+# --- The usage ceiling (derivation in docs/SPEND.md, "Implausible usage") ------------------
+#: gpt-realtime's context window: 32,000 tokens
+#: (developers.openai.com/api/docs/models/compare?model=gpt-realtime, read 2026-12;
+#: gpt-realtime-mini's is the same; gpt-realtime-2 has 128,000: see docs/SPEND.md). Every
+#: response re-bills the conversation so far as input tokens
+#: (developers.openai.com/api/docs/guides/realtime-costs), so one response's input (text +
+#: audio, cached included) is at most this.
+REALTIME_CONTEXT_WINDOW_TOKENS = 32_000
+#: gpt-realtime's most output tokens per response: 4,096
+#: (developers.openai.com/api/docs/models/compare?model=gpt-realtime, read 2026-12); a
+#: session's
+#: ``max_output_tokens`` can only lower it.
+REALTIME_MAX_OUTPUT_TOKENS = 4_096
+#: Full-context responses per second of call the input ceiling allows (seed decision): 1.
+#: A response follows a caller turn (at least 0.7 s each: 200 ms of speech and 500 ms of
+#: silence, media/endpointing.py) or a tool result (at most 3 a turn, 20 a call,
+#: gateway/tool_registry.py); a phone call takes a turn every few seconds, so a whole
+#: context re-billed every second of the call is several times any real pace.
+CEILING_RESPONSES_PER_S = 1
+#: Margin on the assistant's audio rate for the output ceiling (seed decision): 4x covers
+#: the transcript's text tokens (~3/s at 150 words a minute) and audio generated faster
+#: than it plays then cut by a barge-in (billed, never heard), with room to spare.
+CEILING_OUTPUT_MARGIN = 4
+#: Input tokens a second of call may add to the ceiling: 32,000 x 1 = 32,000.
+CEILING_INPUT_TOKENS_PER_S = REALTIME_CONTEXT_WINDOW_TOKENS * CEILING_RESPONSES_PER_S
+#: Output tokens a second of call may add to the ceiling: 20 x 4 = 80.
+CEILING_OUTPUT_TOKENS_PER_S = REALTIME_OUTPUT_AUDIO_TOKENS_PER_S * CEILING_OUTPUT_MARGIN
+
 END_MAX_DURATION: Final = "max_duration"
 END_BUDGET_EXHAUSTED: Final = "budget_exhausted"
 EndReason: TypeAlias = Literal["max_duration", "budget_exhausted"]
+
+ANOMALY_OVER_CEILING: Final = "over_ceiling"
+ANOMALY_OVER_RESERVATION: Final = "over_reservation"
+AnomalyKind: TypeAlias = Literal["over_ceiling", "over_reservation"]
 
 _MS_PER_S = 1_000
 _S_PER_MINUTE = 60
@@ -179,6 +240,78 @@ class QuantumPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageCeiling:
+    """The most brain tokens a call can plausibly have used after ``elapsed_ms`` of call time.
+
+    Cumulative over the call and all its models, input and output apart: one
+    response's worth at any time (``*_burst``: its usage may be reported before the
+    call time that pays for it, at 0 s or after the hang-up), plus a rate per second
+    of call carried. The defaults are derived in docs/SPEND.md ("Implausible usage").
+    """
+
+    input_burst: int = REALTIME_CONTEXT_WINDOW_TOKENS
+    input_per_s: int = CEILING_INPUT_TOKENS_PER_S
+    output_burst: int = REALTIME_MAX_OUTPUT_TOKENS
+    output_per_s: int = CEILING_OUTPUT_TOKENS_PER_S
+
+    def __post_init__(self) -> None:
+        for name in ("input_burst", "input_per_s", "output_burst", "output_per_s"):
+            _check_int(name, getattr(self, name))
+
+    def input_tokens(self, elapsed_ms: int) -> int:
+        """Input tokens (text + audio, cached included) allowed after ``elapsed_ms``."""
+        return _allowance(self.input_burst, self.input_per_s, elapsed_ms)
+
+    def output_tokens(self, elapsed_ms: int) -> int:
+        """Output tokens (text + audio) allowed after ``elapsed_ms``."""
+        return _allowance(self.output_burst, self.output_per_s, elapsed_ms)
+
+
+def _allowance(burst: int, per_s: int, elapsed_ms: int) -> int:
+    """``burst + per_s x elapsed`` (ceil), within what a TokenTotals holds."""
+    grown = -(-(per_s * max(0, elapsed_ms)) // _MS_PER_S)
+    return min(burst + grown, MAX_TOKEN_COUNT)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageAnomaly:
+    """Usage the meter did not bill as reported: content-free (kind, counts, micros).
+
+    ``over_ceiling``: one report above the :class:`UsageCeiling`; ``reported`` is what
+    it said (counts saturated at ``MAX_TOKEN_COUNT``), ``allowed`` what was billed.
+    ``over_reservation``: at settlement, the metered ``cost`` above ``reserved``, which
+    is what is settled. ``excess_micros`` is the cost left unbilled, at most
+    ``MAX_MICROS`` (a 64-bit Redis integer; a saturated report's is above it).
+    """
+
+    kind: AnomalyKind
+    elapsed_ms: int
+    excess_micros: Micros
+    reported: TokenTotals = field(default_factory=TokenTotals)
+    allowed: TokenTotals = field(default_factory=TokenTotals)
+    cost: Micros = 0
+    reserved: Micros = 0
+
+    def payload(self) -> dict[str, int | str]:
+        """The receipt's fields (flat ints and the kind; never a model name or content)."""
+        fields: dict[str, int | str] = {"kind": self.kind, "elapsed_ms": self.elapsed_ms}
+        if self.kind == ANOMALY_OVER_CEILING:
+            reported, allowed = self.reported, self.allowed
+            fields.update(
+                reported_input_tokens=reported.input_tokens,
+                allowed_input_tokens=allowed.input_tokens,
+                excess_input_tokens=reported.input_tokens - allowed.input_tokens,
+                reported_output_tokens=reported.output_tokens,
+                allowed_output_tokens=allowed.output_tokens,
+                excess_output_tokens=reported.output_tokens - allowed.output_tokens,
+            )
+        else:
+            fields.update(cost=self.cost, reserved=self.reserved)
+        fields["excess_micros"] = self.excess_micros
+        return fields
+
+
+@dataclass(frozen=True, slots=True)
 class MeterSnapshot:
     """A call's meter at one instant (receipts, dashboard); all amounts in micros."""
 
@@ -194,15 +327,20 @@ class CallMeter:
 
     ``started_ms`` is when telephony billing starts (the answer). Times earlier
     than the latest seen are read as the latest (the meter never runs
-    backwards), so cost is monotone. Counters: ``malformed_usage`` (reports of
-    more cached than input tokens, billed as if the input were that large).
+    backwards), so cost is monotone. ``usage_ceiling`` bounds what brain reports
+    can bill (default :class:`UsageCeiling`). Counters: ``malformed_usage``
+    (reports of more cached than input tokens, billed as if the input were that
+    large), ``clamped_usage`` and ``clamped_micros`` (reports over the ceiling, and
+    the cost they were not billed).
     """
 
     __slots__ = (
         "_brain_cost",
         "_brain_costs",
         "_end",
+        "_input_used",
         "_last_ms",
+        "_output_used",
         "_pending",
         "_prices",
         "_rate",
@@ -211,6 +349,8 @@ class CallMeter:
         "_stopped_ms",
         "_tokens",
         "caps",
+        "clamped_micros",
+        "clamped_usage",
         "direction",
         "first_quantum",
         "low_water",
@@ -219,6 +359,7 @@ class CallMeter:
         "provider",
         "quantum",
         "started_ms",
+        "usage_ceiling",
     )
 
     def __init__(
@@ -230,8 +371,10 @@ class CallMeter:
         started_ms: int,
         caps: CallCaps,
         quantum: QuantumPolicy | None = None,
+        usage_ceiling: UsageCeiling | None = None,
     ) -> None:
         self.policy = quantum if quantum is not None else QuantumPolicy()
+        self.usage_ceiling = usage_ceiling if usage_ceiling is not None else UsageCeiling()
         self._prices = prices
         # Both lookups fail here, before the call is admitted, not mid-call.
         self._rate = prices.telephony_rate(provider, direction)
@@ -247,6 +390,11 @@ class CallMeter:
         #: Unspent reservation below which the meter asks for more.
         self.low_water: Micros = self.policy.low_water_micros(self.quantum)
         self.malformed_usage = 0
+        self.clamped_usage = 0
+        self.clamped_micros: Micros = 0
+        # Tokens billed so far, all models: what the ceiling is counted against.
+        self._input_used = 0
+        self._output_used = 0
         self._last_ms = self.started_ms
         self._stopped_ms: int | None = None
         self._reserved: Micros = 0
@@ -259,28 +407,46 @@ class CallMeter:
 
     # --- inputs -------------------------------------------------------------------------
 
-    def on_usage(self, model: str | None, tokens: TokenTotals, now_ms: int) -> None:
-        """Add one usage report (a delta) of ``model``; ``None`` = model not reported."""
+    def on_usage(self, model: str | None, tokens: TokenTotals, now_ms: int) -> UsageAnomaly | None:
+        """Add one usage report (a delta) of ``model``; ``None`` = model not reported.
+
+        The report is billed up to the :class:`UsageCeiling` at the call time carried
+        so far; the anomaly returned (else None) says what was not billed.
+        """
         if not isinstance(tokens, TokenTotals):
             raise TypeError(f"tokens must be TokenTotals, not {type(tokens).__name__}")
         if model is not None and not isinstance(model, str):
             raise TypeError(f"model must be a str or None, not {type(model).__name__}")
-        self._advance(now_ms)
+        now = self._advance(now_ms)
         if tokens.cached_exceeds_input:
             self.malformed_usage += 1
             tokens = tokens.with_cached_within_input()
         key = model
         if key not in self._tokens and len(self._tokens) >= MAX_MODELS_PER_CALL:
             key = None  # billed at the "*" rates: never less than any known model
-        totals = self._tokens.get(key, TokenTotals()) + tokens
+        anomaly = None
+        elapsed = self._elapsed(now)
+        allowed = self._within_ceiling(key, tokens, elapsed)
+        if allowed != tokens:
+            excess = _minus(tokens, allowed)
+            micros = min(self._prices.brain_cost(key, excess), MAX_MICROS)
+            self.clamped_usage += 1
+            self.clamped_micros = min(self.clamped_micros + micros, MAX_MICROS)
+            anomaly = UsageAnomaly(
+                ANOMALY_OVER_CEILING, elapsed, micros, reported=tokens, allowed=allowed
+            )
+        self._input_used += allowed.input_tokens
+        self._output_used += allowed.output_tokens
+        totals = self._tokens.get(key, TokenTotals()) + allowed
         self._tokens[key] = totals
         cost = self._prices.brain_cost(key, totals)
         self._brain_cost += cost - self._brain_costs.get(key, 0)
         self._brain_costs[key] = cost
+        return anomaly
 
-    def on_tap_usage(self, usage: Usage, now_ms: int) -> None:
-        """Add a tap ``usage`` event (absent counts are 0)."""
-        self.on_usage(usage.model, TokenTotals.from_usage(usage), now_ms)
+    def on_tap_usage(self, usage: Usage, now_ms: int) -> UsageAnomaly | None:
+        """Add a tap ``usage`` event (absent counts are 0; none raises: see on_usage)."""
+        return self.on_usage(usage.model, TokenTotals.saturated_from_usage(usage), now_ms)
 
     def on_reserved(self, total_reserved: Micros) -> None:
         """The store confirmed ``total_reserved`` (cumulative) for this call.
@@ -330,12 +496,14 @@ class CallMeter:
         # duration cap ends the call, so the guard is not capped at max duration).
         projected = self._rate.cost(elapsed + self.policy.hangup_guard_ms) + self._brain_cost
         max_cost = self.caps.max_cost_micros
-        if cost >= max_cost or projected > max_cost:
+        # Spending exactly the cap (or the reservation) is allowed: a cap of one billing
+        # increment pays for that whole increment. projected >= cost, so it alone decides.
+        if projected > max_cost:
             return self._finish(END_BUDGET_EXHAUSTED)
         room = max_cost - self._reserved
         can_extend = not self._refused and room > 0
         if not can_extend:
-            if cost >= self._reserved or projected > self._reserved:
+            if projected > self._reserved:
                 return self._finish(END_BUDGET_EXHAUSTED)
             return CONTINUE
         if self._pending:
@@ -366,8 +534,29 @@ class CallMeter:
         return self.telephony_cost(now_ms) + self._brain_cost
 
     def settlement(self, now_ms: int) -> Micros:
-        """The actual cost to settle at ``now_ms`` (the cost at that time)."""
-        return self.cost_ms(now_ms)
+        """What to settle at ``now_ms``: the cost, but never more than the reservation.
+
+        The reservation is never more than the call's max cost, so neither is this;
+        cost above it is reported by :meth:`over_reservation`.
+        """
+        return min(self.cost_ms(now_ms), self._reserved)
+
+    def over_reservation(self, now_ms: int) -> UsageAnomaly | None:
+        """The ``over_reservation`` anomaly of settling at ``now_ms``, or None if the cost fits.
+
+        Cost passes the reservation when usage is reported after the last tick (a
+        ``response.done`` after the hang-up) or the hang-up lands later than the guard.
+        """
+        cost = self.cost_ms(now_ms)
+        if cost <= self._reserved:
+            return None
+        return UsageAnomaly(
+            ANOMALY_OVER_RESERVATION,
+            self.elapsed_ms(now_ms),
+            min(cost - self._reserved, MAX_MICROS),
+            cost=cost,
+            reserved=self._reserved,
+        )
 
     def snapshot(self, now_ms: int) -> MeterSnapshot:
         """The meter's numbers at ``now_ms``."""
@@ -423,7 +612,52 @@ class CallMeter:
         end = now if self._stopped_ms is None else min(now, self._stopped_ms)
         return max(0, end - self.started_ms)
 
+    def _within_ceiling(self, key: str | None, tokens: TokenTotals, elapsed: int) -> TokenTotals:
+        """``tokens`` cut down to what the ceiling still allows after ``elapsed`` ms.
+
+        Within each of input and output, the dearer class (at ``key``'s rates) is kept
+        first, so a clamped report bills the most its own counts allow.
+        """
+        ceiling = self.usage_ceiling
+        room_in = max(0, ceiling.input_tokens(elapsed) - self._input_used)
+        room_out = max(0, ceiling.output_tokens(elapsed) - self._output_used)
+        if tokens.input_tokens <= room_in and tokens.output_tokens <= room_out:
+            return tokens
+        rates = self._prices.brain_rates(key)
+        if rates.audio_in >= rates.text_in:
+            in_audio, in_text = _fill(room_in, tokens.input_audio, tokens.input_text)
+        else:
+            in_text, in_audio = _fill(room_in, tokens.input_text, tokens.input_audio)
+        if rates.audio_out >= rates.text_out:
+            out_audio, out_text = _fill(room_out, tokens.output_audio, tokens.output_text)
+        else:
+            out_text, out_audio = _fill(room_out, tokens.output_text, tokens.output_audio)
+        return TokenTotals(
+            input_audio=in_audio,
+            input_text=in_text,
+            cached_input=min(tokens.cached_input, in_audio + in_text),  # cached ⊆ input
+            output_audio=out_audio,
+            output_text=out_text,
+        )
+
     def _finish(self, reason: EndReason) -> End:
         self._end = End(reason)
         self._pending = False
         return self._end
+
+
+def _fill(room: int, first: int, second: int) -> tuple[int, int]:
+    """Up to ``room`` tokens, ``first`` taken before ``second``."""
+    kept = min(first, room)
+    return kept, min(second, room - kept)
+
+
+def _minus(reported: TokenTotals, allowed: TokenTotals) -> TokenTotals:
+    """What a clamp left out (each count of ``allowed`` is at most ``reported``'s)."""
+    return TokenTotals(
+        input_audio=reported.input_audio - allowed.input_audio,
+        input_text=reported.input_text - allowed.input_text,
+        cached_input=reported.cached_input - allowed.cached_input,
+        output_audio=reported.output_audio - allowed.output_audio,
+        output_text=reported.output_text - allowed.output_text,
+    )

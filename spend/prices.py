@@ -60,6 +60,7 @@ __all__ = [
     "MAX_BILLING_INCREMENT_S",
     "MAX_BRAIN_MICROS_PER_MILLION",
     "MAX_TELEPHONY_MICROS_PER_MINUTE",
+    "MAX_TOKEN_COUNT",
     "PRICE_FILE_SCHEMA",
     "SIP_BILLING_INCREMENT_S",
     "SIP_INBOUND_MICROS_PER_MINUTE",
@@ -87,6 +88,10 @@ _DIRECTIONS = ("inbound", "outbound")
 
 #: Brain rates are quoted per this many tokens (OpenAI pricing pages quote per 1M tokens).
 TOKENS_PER_RATE_UNIT = 1_000_000
+#: Largest token count a :class:`TokenTotals` holds: the house's 64-bit bound (Redis
+#: integers are signed 64-bit, spend/money.py). A brain's larger count is saturated to it
+#: by :meth:`TokenTotals.saturated_from_usage`, never refused.
+MAX_TOKEN_COUNT = MAX_MICROS
 _MS_PER_MINUTE = 60_000
 _MS_PER_S = 1_000
 _S_PER_MINUTE = 60
@@ -149,6 +154,13 @@ def _check_count(name: str, value: object, *, maximum: int = MAX_MICROS) -> None
         raise ValueError(f"{name} must be >= 0, got {value}")
     if value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
+
+
+def _saturate(count: object) -> int:
+    """``count`` as a token count in ``0..MAX_TOKEN_COUNT``; a non-count reads as 0."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        return 0
+    return min(count, MAX_TOKEN_COUNT)
 
 
 def _ceil_div(numerator: int, denominator: int) -> int:
@@ -216,11 +228,15 @@ class TokenTotals:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            _check_count(f.name, getattr(self, f.name))
+            _check_count(f.name, getattr(self, f.name), maximum=MAX_TOKEN_COUNT)
 
     @classmethod
     def from_usage(cls, usage: Usage) -> TokenTotals:
-        """The counts of a tap ``usage`` event; an absent (``None``) count is 0."""
+        """The counts of a tap ``usage`` event; an absent (``None``) count is 0.
+
+        A count outside ``0..MAX_TOKEN_COUNT`` raises ``ValueError``; the meter uses
+        :meth:`saturated_from_usage`, which never does.
+        """
         return cls(
             input_audio=usage.input_audio_tokens or 0,
             input_text=usage.input_text_tokens or 0,
@@ -228,6 +244,33 @@ class TokenTotals:
             output_audio=usage.output_audio_tokens or 0,
             output_text=usage.output_text_tokens or 0,
         )
+
+    @classmethod
+    def saturated_from_usage(cls, usage: Usage) -> TokenTotals:
+        """The counts of a tap ``usage`` event, each forced into ``0..MAX_TOKEN_COUNT``.
+
+        The tap decoder admits any JSON integer >= 0 (10**4000 included), and a brain's
+        report must never raise inside the call: a count above the bound reads as the
+        bound (the meter then clamps it to its ceiling and flags it), anything that is
+        not a count >= 0 (a negative from a hand-built ``Usage``) reads as 0.
+        """
+        return cls(
+            input_audio=_saturate(usage.input_audio_tokens),
+            input_text=_saturate(usage.input_text_tokens),
+            cached_input=_saturate(usage.cached_input_tokens),
+            output_audio=_saturate(usage.output_audio_tokens),
+            output_text=_saturate(usage.output_text_tokens),
+        )
+
+    @property
+    def input_tokens(self) -> int:
+        """Input tokens, text and audio (cached tokens are a subset of these)."""
+        return self.input_audio + self.input_text
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens, text and audio."""
+        return self.output_audio + self.output_text
 
     def __add__(self, other: TokenTotals) -> TokenTotals:
         if not isinstance(other, TokenTotals):

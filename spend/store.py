@@ -372,6 +372,14 @@ class HeartbeatResult:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldResult:
+    """What :meth:`SpendStore.hold` found: held (lease renewed), and the call's status."""
+
+    held: bool
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
 class SettleResult:
     """Settlement outcome. ``status``: settled | adjusted (corrected a reaper's
     conservative settlement) | replayed (already settled: nothing changed) |
@@ -561,7 +569,7 @@ def _load_script(name: str) -> str:
     return common + (folder / f"{name}.lua").read_text(encoding="utf-8")
 
 
-_SCRIPT_NAMES: Final = ("admit", "extend", "heartbeat", "settle", "reap", "annotate")
+_SCRIPT_NAMES: Final = ("admit", "extend", "heartbeat", "hold", "settle", "reap", "annotate")
 
 
 # Reply shapes of a decode_responses=True client (redis-py types them as bytes | str).
@@ -624,6 +632,7 @@ class SpendStore:
         self._admit = scripts["admit"]
         self._extend = scripts["extend"]
         self._heartbeat = scripts["heartbeat"]
+        self._hold = scripts["hold"]
         self._settle = scripts["settle"]
         self._reap = scripts["reap"]
         self._annotate = scripts["annotate"]
@@ -663,6 +672,7 @@ class SpendStore:
             k.ledger,
             k.refusals,
             k.tenants,
+            k.receipts(request.call_id),
         ]
         args: list[str | int] = [
             request.call_id,
@@ -683,6 +693,7 @@ class SpendStore:
             MONTH_KEY_TTL_S,
             CALLER_WINDOW_MS,
             CAMPAIGN_WINDOW_MS,
+            RECEIPTS_MAX_ENTRIES,
         ]
         for name, value in call_fields:
             args += [name, value]
@@ -757,6 +768,24 @@ class SpendStore:
                 args=[k.prefix, call_id, seq, now_ms, lease_ms, cost],
             )
         return HeartbeatResult(bool(applied), str(status), bool(killed))
+
+    async def hold(
+        self, call_id: str, now_ms: int, *, lease_ms: int = DEFAULT_LEASE_MS
+    ) -> HoldResult:
+        """Renew the lease of a call that is admitted but not connected (see ``lua/hold.lua``).
+
+        A ringing outbound call must not be reaped at its full reservation: nothing is
+        billed until it is answered. ``held`` is False once the call is active or ended.
+        """
+        _check_id("call id", call_id, _CALL_RE)
+        _check_count("now_ms", now_ms, _MAX_UNIX_MS)
+        _check_count("lease_ms", lease_ms, MAX_CALL_DURATION_S * 1000, minimum=1)
+        k = self.keys
+        with _unavailable_as("hold"):
+            held, status = await self._hold(
+                keys=[k.call(call_id), k.active], args=[k.prefix, call_id, now_ms, lease_ms]
+            )
+        return HoldResult(bool(held), str(status))
 
     async def settle(
         self, call_id: str, seq: int, actual: int, now_ms: int, end_reason: str
@@ -1030,6 +1059,18 @@ class SpendStore:
         with _unavailable_as("get_tenant_limits"):
             raw = await self.redis.hgetall(self.keys.tenant(tenant, "limits"))
         return TenantLimits.from_redis(cast(dict[str, str], raw))
+
+    async def effective_tenant_limits(self, tenant: str, defaults: TenantLimits) -> TenantLimits:
+        """The limits admission enforces for ``tenant``, read without writing anything.
+
+        Each stored field, else the field of ``defaults``, as the first admission would
+        store it (:meth:`ensure_tenant_limits`); :meth:`get_tenant_limits` cannot tell
+        "stored 0 (unlimited)" from "never stored" (both read 0), so it cannot show this.
+        """
+        _check_id("tenant", tenant, _TENANT_RE)
+        with _unavailable_as("effective_tenant_limits"):
+            raw = await self.redis.hgetall(self.keys.tenant(tenant, "limits"))
+        return TenantLimits.from_redis(defaults.to_redis() | cast(dict[str, str], raw))
 
     async def set_tenant_limits(self, tenant: str, limits: TenantLimits) -> None:
         """Replace the tenant's limits (every field written)."""

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
@@ -166,8 +167,8 @@ async def serve_gateway(config: GatewayConfig) -> AsyncIterator[RunningGateway]:
 def gateway_config(tap_url: str, *, barge_in: bool = True, **overrides: Any) -> GatewayConfig:
     """A secure-mode config dialling ``tap_url`` (public URL is set by ``serve_gateway``).
 
-    ``barge_in=False`` for the echo brain: it plays the caller's own voice back
-    while they talk, which barge-in would (rightly) cut.
+    ``barge_in=False`` turns barge-in off for every call (``RUTSTER_BARGE_IN=off``);
+    the echo brain does not need it, since its hello says it must not be interrupted.
     """
     allow = overrides.pop("allow", "")
     if not barge_in:
@@ -186,7 +187,7 @@ def gateway_config(tap_url: str, *, barge_in: bool = True, **overrides: Any) -> 
 @pytest.fixture
 async def gateway(echo_brain: EchoBrain) -> AsyncIterator[RunningGateway]:
     """A secure-mode gateway whose default brain is the in-process echo brain."""
-    async with serve_gateway(gateway_config(echo_brain.url, barge_in=False)) as running:
+    async with serve_gateway(gateway_config(echo_brain.url)) as running:
         yield running
 
 
@@ -197,3 +198,15 @@ async def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.02)
+
+
+async def tenant_key(client: httpx.AsyncClient, tenant: str, label: str = "test") -> str:
+    """A fresh API key for ``tenant``, issued with the admin key through ``POST /v1/admin/keys``."""
+    response = await client.post(
+        "/v1/admin/keys",
+        json={"tenant": tenant, "label": label},
+        headers={"Authorization": f"Bearer {TEST_ADMIN_KEY}"},
+    )
+    assert response.status_code == 201, response.text
+    key: str = response.json()["key"]
+    return key

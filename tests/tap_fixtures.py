@@ -1,7 +1,8 @@
 """Loading the tap protocol's golden fixtures (tests/fixtures/tap/).
 
 Shared by the codec's, the echo brain's and the gateway's tests: each fixture
-is one wire message exactly as a peer sends it.
+is one wire message exactly as a peer sends it; ``invalid/`` holds messages a
+decoder must refuse and ``lenient/`` messages it must accept with defaults.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 from brains.tap import Direction
 
-#: Where the golden tap messages live: one folder per direction, plus invalid/.
+#: Where the golden tap messages live: one folder per direction, plus invalid/
+#: and lenient/.
 TAP_FIXTURES = Path(__file__).parent / "fixtures" / "tap"
 
 
@@ -55,6 +57,39 @@ def load_invalid_cases() -> list[InvalidCase]:
             reason=case["reason"],
             note=case["note"],
             frame=case["frame"],
+        )
+        for case in raw
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class LenientCase:
+    """A message a decoder for ``direction`` must accept, reading some values as defaults.
+
+    ``event`` names the :mod:`brains.tap` class it decodes to and ``fields``
+    the expected attributes as JSON (enums as their values, tuples as arrays).
+    Our encoder never writes these frames, so they cannot be golden fixtures.
+    """
+
+    name: str
+    direction: Direction
+    note: str
+    frame: str
+    event: str
+    fields: dict[str, Any]
+
+
+def load_lenient_cases() -> list[LenientCase]:
+    """The cases in ``lenient/cases.json``."""
+    raw = json.loads((TAP_FIXTURES / "lenient" / "cases.json").read_text("utf-8"))
+    return [
+        LenientCase(
+            name=case["name"],
+            direction=Direction(case["direction"]),
+            note=case["note"],
+            frame=case["frame"],
+            event=case["event"],
+            fields=case["fields"],
         )
         for case in raw
     ]

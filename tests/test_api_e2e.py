@@ -30,6 +30,8 @@ from gateway.api.schemas import RESPONSE_SCHEMAS, Schema
 from gateway.api.validation import MAX_BODY_BYTES
 from gateway.spend_settings import SpendSettings
 from spend.embedded_redis import EmbeddedRedis
+from spend.gate import GatePolicy
+from spend.limits import TenantLimits
 from spend.store import CallRecord, SpendStore
 from tests.conftest import (
     TEST_ADMIN_KEY,
@@ -277,9 +279,13 @@ async def test_tenant_keys_cannot_use_admin_endpoints(setup: Setup) -> None:
         assert error["code"] == "forbidden", path
     assert not (await setup.store.get_global()).killed
     assert (await api.get("/v1/tenants/acme/limits", key))["budget_day"] == ZERO
-    # The endpoints that act for one tenant want that tenant's key, not the admin's.
-    await api.get("/v1/calls", TEST_ADMIN_KEY, expect=403)
+    # The operator's key has no tenant: it places no calls, and names the tenant it reads.
+    for path in ("/v1/calls", "/v1/spend"):
+        error = (await api.get(path, TEST_ADMIN_KEY, expect=403))["error"]
+        assert (error["code"], error["field"]) == ("forbidden", "tenant"), path
     await api.post("/v1/calls", TEST_ADMIN_KEY, VALID_CALL, expect=403)
+    listed = await api.get("/v1/calls", TEST_ADMIN_KEY, params={"tenant": "acme"})
+    assert listed == {"data": [], "next_cursor": None}
     # An admin-role key issued through the API is an admin.
     admin = await api.new_key("ops", role="admin")
     assert await api.get("/v1/admin/kill-switch", admin) == {"engaged": False}
@@ -295,7 +301,14 @@ async def test_tenants_see_only_their_own_calls_and_limits(setup: Setup) -> None
         error = (await api.request(method, f"/v1/calls/{call_b['id']}", key_a, expect=404)).json()
         assert error["error"]["code"] == "not_found"
     assert await api.get("/v1/calls", key_a) == {"data": [], "next_cursor": None}
-    await api.get("/v1/tenants/tenant-b/limits", key_a, expect=404)
+    # Naming tenant B is forbidden to A's key, whether B exists or not (nothing to probe).
+    for tenant in ("tenant-b", "no-such-tenant"):
+        error = await api.get(f"/v1/tenants/{tenant}/limits", key_a, expect=403)
+        assert (error["error"]["code"], error["error"]["field"]) == ("forbidden", "id")
+        error = await api.get("/v1/calls", key_a, params={"tenant": tenant}, expect=403)
+        assert error["error"]["field"] == "tenant"
+    own = await api.get("/v1/calls", key_a, params={"tenant": "tenant-a"})
+    assert own == {"data": [], "next_cursor": None}
     # B sees its call; its spend shows the reservation, A's shows nothing.
     seen = await api.get(f"/v1/calls/{call_b['id']}", key_b)
     assert seen["id"] == call_b["id"] and seen["status"] == "ringing"
@@ -304,8 +317,10 @@ async def test_tenants_see_only_their_own_calls_and_limits(setup: Setup) -> None
     assert spend_b["today"]["reserved"] == call_b["spend"]["reserved"] != ZERO
     spend_a = await api.get("/v1/spend", key_a)
     assert (spend_a["tenant"], spend_a["today"]["reserved"]) == ("tenant-a", ZERO)
-    # The admin sees any tenant's limits.
+    # The admin sees any tenant's limits and calls.
     assert (await api.get("/v1/tenants/tenant-b/limits", TEST_ADMIN_KEY))["tenant"] == "tenant-b"
+    listed = await api.get("/v1/calls", TEST_ADMIN_KEY, params={"tenant": "tenant-b"})
+    assert [c["id"] for c in listed["data"]] == [call_b["id"]]
 
 
 async def test_admin_sees_spend_of_any_tenant(setup: Setup) -> None:
@@ -315,10 +330,12 @@ async def test_admin_sees_spend_of_any_tenant(setup: Setup) -> None:
     spend = await api.get("/v1/spend", TEST_ADMIN_KEY, params={"tenant": "tenant-b", "days": "3"})
     assert spend["tenant"] == "tenant-b" and len(spend["by_day"]) == 3
     assert spend["today"]["reserved"] == call["spend"]["reserved"] != ZERO
-    # A tenant key may name only its own tenant; another one does not exist for it.
+    # A tenant key may name only its own tenant: another one is forbidden (existing or not).
     own = await api.get("/v1/spend", key_b, params={"tenant": "tenant-b"})
     assert own["today"] == spend["today"]
-    await api.get("/v1/spend", key_a, params={"tenant": "tenant-b"}, expect=404)
+    for other in ("tenant-b", "nobody"):
+        error = await api.get("/v1/spend", key_a, params={"tenant": other}, expect=403)
+        assert (error["error"]["code"], error["error"]["field"]) == ("forbidden", "tenant")
     # The admin acts for no tenant of its own: it has to name one, a well-formed one.
     await api.get("/v1/spend", TEST_ADMIN_KEY, expect=403)
     error = await api.get("/v1/spend", TEST_ADMIN_KEY, params={"tenant": "B!"}, expect=422)
@@ -354,8 +371,8 @@ BAD_CREATE_REQUESTS: list[tuple[str, bytes, str | None, int, str | None]] = [
         "limits.max_duration_s",
     ),
     (
-        "duration is a float",
-        _body(limits={"max_duration_s": 60.0}),
+        "duration has a fraction",
+        _body(limits={"max_duration_s": 60.5}),
         "application/json",
         422,
         "limits.max_duration_s",
@@ -489,8 +506,9 @@ async def test_bad_create_requests_create_nothing_and_reserve_nothing(setup: Set
         assert (spend[period]["spent"], spend[period]["reserved"]) == (ZERO, ZERO)
     assert await setup.store.ledger(100) == []
     assert setup.fake.created_calls == {}
-    # The base body itself is fine: the failures above were each case's own fault.
-    call = await api.place(key, limits={"max_duration_s": 120, "max_cost": "0.50"})
+    # The base body itself is fine: the failures above were each case's own fault. An
+    # integral number is an integer (JSON Schema 2020-12), whatever its spelling.
+    call = await api.place(key, limits={"max_duration_s": 120.0, "max_cost": "0.50"})
     assert call["limits"] == {"max_duration_s": 120, "max_cost": "0.500000"}
 
 
@@ -547,6 +565,9 @@ async def test_list_calls_pages_and_filters(setup: Setup) -> None:
     ringing_page = await api.get("/v1/calls", key, params={"status": "ringing"})
     assert [c["id"] for c in ringing_page["data"]] == [ringing]
     assert (await api.get("/v1/calls", key, params={"status": "in_progress"}))["data"] == []
+    # A well-formed cursor is a position: before the epoch there is nothing.
+    empty = await api.get("/v1/calls", key, params={"cursor": "1:call_ff"})
+    assert empty == {"data": [], "next_cursor": None}
     # Bad parameters.
     for params, field in (
         ({"cursor": "garbage"}, "cursor"),
@@ -577,7 +598,7 @@ async def test_limits_put_then_admission_respects_them(setup: Setup) -> None:
     api = setup.api
     store = setup.store
     key = await api.new_key("acme")
-    limits = await api.put("/v1/tenants/acme/limits", TEST_ADMIN_KEY, {"max_concurrent": 1})
+    limits = await api.put("/v1/tenants/acme/limits", TEST_ADMIN_KEY, {"max_concurrent": 1.0})
     assert limits["max_concurrent"] == 1 and limits["tenant"] == "acme"
     assert await api.get("/v1/tenants/acme/limits", key) == limits
     first = await api.place(key, RINGING)
@@ -593,6 +614,14 @@ async def test_limits_put_then_admission_respects_them(setup: Setup) -> None:
     refused = await api.get(f"/v1/calls/{listed['data'][0]['id']}", key)
     assert (refused["status"], refused["end_reason"]) == ("refused", "tenant_concurrency")
     assert refused["spend"]["reserved"] == ZERO
+    # Its receipt says why, and nothing else: ids, reason, time, the quantum asked for.
+    (receipt,) = refused["receipts"]
+    assert set(receipt) == {"id", "stage", "type", "reason", "at_unix_ms", "quantum"}
+    assert (receipt["stage"], receipt["type"], receipt["reason"]) == (
+        "spend",
+        "refused",
+        "tenant_concurrency",
+    )
     # Hanging up the ringing call frees the slot.
     hung_up = await api.delete(f"/v1/calls/{first['id']}", key)
     assert hung_up["id"] == first["id"]
@@ -735,3 +764,68 @@ async def test_unrouted_v1_requests_answer_the_error_shape(setup: Setup) -> None
     await api.request("GET", "/v1/nothing-here", key, expect=404)
     await api.request("GET", "/v1/calls/call_12%2F..%2F", key, expect=404)
     await api.request("PATCH", "/v1/calls", key, expect=405, body={})
+
+
+#: Methods tried on every path: the ones no path serves among them must get 405.
+PROBED_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "TRACE")
+
+
+def _allow(answer: httpx.Response) -> set[str]:
+    return {m.strip() for m in answer.headers["allow"].split(",")}
+
+
+async def test_every_path_answers_options_and_405_with_all_its_methods(setup: Setup) -> None:
+    api = setup.api
+    key = await api.new_key("acme")
+    document = (await api.client.get("/v1/openapi.json")).json()
+    for path, item in document["paths"].items():
+        served = {m.upper() for m in item if m in ("get", "post", "put", "patch", "delete")}
+        concrete = path.replace("{id}", "call_0a1b" if path.startswith("/v1/calls/") else "acme")
+        expected = served | {"OPTIONS"} | ({"HEAD"} if "GET" in served else set())
+        # OPTIONS needs no key: 204, no body, every method of the path (not one route's).
+        options = await api.client.options(concrete)
+        assert (options.status_code, options.content) == (204, b""), path
+        assert _allow(options) == expected, path
+        for method in sorted(set(PROBED_METHODS) - served):
+            answer = await api.request(method, concrete, key, expect=405, body={})
+            assert answer.json()["error"]["code"] == "method_not_allowed", (method, path)
+            assert _allow(answer) == expected, (method, path)
+    # HEAD is GET without the body.
+    head = await api.client.head("/v1/spend", headers=_auth(key))
+    assert (head.status_code, head.content) == (200, b"")
+    assert head.headers["content-type"].startswith("application/json")
+
+
+async def test_reads_show_the_enforced_default_limits_without_writing(
+    echo_brain: EchoBrain, fake: FakeTwilioRest
+) -> None:
+    # A tenant with no stored limits gets the gateway's defaults (RUTSTER_DEFAULT_*): one
+    # micro-dollar a day here, so admission refuses, and 3 calls at once.
+    policy = GatePolicy(default_limits=TenantLimits(budget_day=1, max_concurrent=3))
+    async with running(echo_brain, fake, spend_settings(policy=policy)) as ready:
+        api, store = ready.api, ready.store
+        key = await api.new_key("fresh")
+        for _ in range(2):  # a read changes nothing, so the second shows the same
+            spend = await api.get("/v1/spend", key)
+            assert spend["today"] == {
+                "spent": ZERO,
+                "reserved": ZERO,
+                "budget": "0.000001",
+                "left": "0.000001",
+            }
+            assert (spend["month"]["budget"], spend["month"]["left"]) == (None, None)
+            limits = await api.get("/v1/tenants/fresh/limits", key)
+            assert (limits["budget_day"], limits["max_concurrent"]) == ("0.000001", 3)
+            admin_view = await api.get("/v1/spend", TEST_ADMIN_KEY, params={"tenant": "fresh"})
+            assert admin_view["today"] == spend["today"]
+        # None of those GETs stored anything.
+        assert await store.redis.exists(store.keys.tenant("fresh", "limits")) == 0
+        assert "fresh" not in await store.tenants()
+        # What the reads showed is what admission enforces.
+        refusal = await api.request("POST", "/v1/calls", key, expect=402, body=VALID_CALL)
+        assert refusal.json()["error"]["reason"] == "budget_day"
+        # An explicit 0 (unlimited) is not "unset": it beats the default, field by field.
+        changed = await api.put("/v1/tenants/fresh/limits", TEST_ADMIN_KEY, {"budget_day": "0"})
+        assert (changed["budget_day"], changed["max_concurrent"]) == (ZERO, 3)
+        assert (await api.get("/v1/spend", key))["today"]["budget"] is None
+        assert (await api.place(key, RINGING))["status"] == "ringing"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
+import jsonschema_rs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from gateway.api import errors
@@ -26,7 +30,7 @@ from gateway.api.schemas import (
     TENANT_LIMITS_SCHEMA,
     Schema,
 )
-from gateway.api.validation import parse_json_body
+from gateway.api.validation import ecma_regex, parse_json_body
 
 #: The endpoints of design.md, with the request schema each one validates with.
 ENDPOINTS: dict[tuple[str, str], Schema | None] = {
@@ -122,26 +126,84 @@ def test_components_carry_every_schema_unchanged(document: dict[str, Any]) -> No
     assert document["jsonSchemaDialect"] == "https://json-schema.org/draft/2020-12/schema"
 
 
+def _enforced_ok(body: dict[str, Any], schema: Schema) -> bool:
+    try:
+        parse_json_body(json.dumps(body).encode(), schema)
+    except ApiError:
+        return False
+    return True
+
+
+CALL = {"to": "+15551234567", "from": "+15557654321", "provider": "twilio"}
+
+
 def test_a_published_schema_judges_bodies_like_the_api(document: dict[str, Any]) -> None:
     published = document["components"]["schemas"]["CreateCallRequest"]
-    # Both publish and enforce the same verdicts on a set of bodies (integer strictness aside:
-    # the API also refuses 60.0, which JSON Schema would count as an integer).
+    # The published schema, read by jsonschema-rs (an ECMA-262 regex engine, the one
+    # schemathesis uses), gives the verdicts the API enforces, integral floats included.
+    ecma = jsonschema_rs.Draft202012Validator(published)
     bodies: list[dict[str, Any]] = [
-        {"to": "+15551234567", "from": "+15557654321", "provider": "twilio"},
-        {"to": "sip:a@pbx.example.com", "from": "+15557654321", "provider": "twilio"},
-        {"to": "sip:a@pbx.example.com", "from": "+15557654321", "provider": "sip"},
-        {"to": "+15551234567", "from": "+15557654321", "provider": "twilio", "x": 1},
-        {"to": "+15551234567", "from": "+15557654321", "provider": "sip", "limits": {}},
-        {"to": "+1", "from": "+15557654321", "provider": "sip"},
+        CALL,
+        {**CALL, "to": "sip:a@pbx.example.com"},
+        {**CALL, "to": "sip:a@pbx.example.com", "provider": "sip"},
+        {**CALL, "x": 1},
+        {**CALL, "provider": "sip", "limits": {}},
+        {**CALL, "to": "+1", "provider": "sip"},
+        {**CALL, "limits": {"max_duration_s": 60.0}},
+        {**CALL, "limits": {"max_duration_s": 60.5}},
+        {**CALL, "limits": {"max_duration_s": 6e3}},
+        {**CALL, "brain": "wss://brains.example/tap"},
+        {**CALL, "brain": "wss://brains.example/\x1ctap"},
+        {**CALL, "brain": "wss://brains.example/\x85tap"},
+        {**CALL, "brain": "wss://brains.example/\ufefftap"},
+        {**CALL, "brain": "wss://brains.example/tap\n"},
+        {**CALL, "to": "+15551234567\n"},
+        {**CALL, "metadata": {"a\x9b": "x"}},
+        {**CALL, "metadata": {"\U0001f600" * 40: "x"}},
     ]
     for body in bodies:
-        published_ok = Draft202012Validator(published).is_valid(body)
-        try:
-            parse_json_body(json.dumps(body).encode(), CREATE_CALL_SCHEMA)
-            enforced_ok = True
-        except ApiError:
-            enforced_ok = False
-        assert published_ok == enforced_ok, body
+        assert ecma.is_valid(body) == _enforced_ok(body, CREATE_CALL_SCHEMA), body
+    limits = jsonschema_rs.Draft202012Validator(
+        document["components"]["schemas"]["TenantLimitsRequest"]
+    )
+    for changes in ({"campaign_calls_per_minute": 6000.0}, {"max_concurrent": 1.5}):
+        assert limits.is_valid(changes) == _enforced_ok(changes, TENANT_LIMITS_SCHEMA), changes
+
+
+def _all_patterns(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str):
+                yield value
+            else:
+                yield from _all_patterns(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _all_patterns(item)
+
+
+#: Characters on which regex dialects disagree: Python's ``\s`` has \x1c-\x1f and \x85
+#: but not \ufeff, ECMA-262's the other way round; ``$`` before a final newline; astral
+#: characters (one code point, two UTF-16 units); C0, DEL and C1 controls.
+TRICKY = ["\x00", "\x1c", "\x1f", "\x7f", "\x85", "\x9b", "\ufeff", "\u2028", "\n", "\t",
+          " ", "\U0001f600", "é", "%", "?", "#", ":", "/", "@"]  # fmt: skip
+PUBLISHED_PATTERNS = sorted(set(_all_patterns(build_openapi(None))))
+
+
+@pytest.mark.parametrize("pattern", PUBLISHED_PATTERNS)
+@given(data=st.data())
+@settings(max_examples=40, deadline=None, database=None, derandomize=True)
+def test_every_published_pattern_means_what_the_api_enforces(
+    pattern: str, data: st.DataObject
+) -> None:
+    # The server matches with Python's re (validation.ecma_regex); clients and schemathesis
+    # with ECMA-262. A pattern whose verdict differs between them is a broken contract.
+    ecma = jsonschema_rs.Draft202012Validator({"type": "string", "pattern": pattern})
+    matching = data.draw(st.from_regex(ecma_regex(pattern), fullmatch=True))
+    position = data.draw(st.integers(0, len(matching)))
+    tricky = data.draw(st.sampled_from(TRICKY))
+    for text in (matching, matching[:position] + tricky + matching[position:]):
+        assert ecma.is_valid(text) == (ecma_regex(pattern).search(text) is not None), repr(text)
 
 
 def test_query_parameters_are_the_validated_schemas(document: dict[str, Any]) -> None:
@@ -174,6 +236,33 @@ def test_security_rate_limit_and_errors(document: dict[str, Any]) -> None:
         assert _resolve(document, limited["content"]["application/json"]["schema"]) == ERROR_SCHEMA
     refused = document["paths"]["/v1/calls"]["post"]["responses"]["402"]
     assert "budget_day" in _resolve(document, refused)["description"]
+
+
+def test_statuses_each_operation_can_answer_are_documented(document: dict[str, Any]) -> None:
+    def statuses(path: str, method: str) -> set[str]:
+        return set(document["paths"][path][method]["responses"])
+
+    # A tenant key naming another tenant, or the operator's key naming none: 403.
+    for path in ("/v1/calls", "/v1/spend", "/v1/tenants/{id}/limits"):
+        assert {"200", "403", "422"} <= statuses(path, "get"), path
+    assert "404" not in statuses("/v1/tenants/{id}/limits", "get")
+    # A malformed call id is a 422, an unknown (or another tenant's) one a 404.
+    for method in ("get", "delete"):
+        assert {"404", "422"} <= statuses("/v1/calls/{id}", method)
+    tenant = document["paths"]["/v1/spend"]["get"]["parameters"]
+    assert [p["name"] for p in tenant if p["name"] == "tenant"] == ["tenant"]
+    calls = {p["name"] for p in document["paths"]["/v1/calls"]["get"]["parameters"]}
+    assert calls == {"status", "limit", "cursor", "tenant"}
+
+
+def test_the_event_stream_documents_one_event() -> None:
+    # Tools validate each server-sent event against the schema (OpenAPI 3.1 has no itemSchema).
+    content = build_openapi(None)["paths"]["/v1/dashboard/events"]["get"]["responses"]["200"]
+    event = content["content"]["text/event-stream"]["schema"]
+    validator = jsonschema_rs.Draft202012Validator(event)
+    assert validator.is_valid({"event": "snapshot", "data": "{}"})
+    assert not validator.is_valid("event: snapshot\ndata: {}\n\n")
+    assert not validator.is_valid({"event": "other", "data": "{}"})
 
 
 def test_no_servers_without_a_url() -> None:

@@ -19,11 +19,14 @@ from starlette.routing import Route
 from gateway.api import errors
 from gateway.api.errors import ApiError, error_response, handle_api_error
 from gateway.api.schemas import (
+    BRAIN_PATTERN,
     CALL_COST_PATTERN,
     CALL_ID_PATTERN,
     CALLS_QUERY_SCHEMA,
     CREATE_CALL_SCHEMA,
     CREATE_KEY_SCHEMA,
+    CURSOR_PATTERN,
+    KEY_LABEL_PATTERN,
     KILL_SWITCH_SCHEMA,
     MAX_CALL_DURATION_S,
     MAX_METADATA_ENTRIES,
@@ -60,7 +63,7 @@ FULL_CALL = {
     "to": "+442071234567",
     "from": "+15557654321",
     "provider": "twilio",
-    "brain": "wss://brain.example.com/tap?x=1",
+    "brain": "wss://brain.example.com/tap",
     "limits": {"max_duration_s": 600, "max_cost": "0.50"},
     "metadata": {"crm_id": "A-123", "note": "callback"},
     "campaign": "spring.sale-2026",
@@ -110,6 +113,35 @@ def test_valid_call_bodies_are_returned_unchanged(body: dict[str, Any]) -> None:
     assert parse_create_call_body(_raw(body)) == body
 
 
+@pytest.mark.parametrize(
+    ("literal", "value"),
+    [("60.0", 60), ("6e1", 60), ("6.0E+1", 60), ("600e-1", 60), ("1.000000000000000000", 1),
+     ("86400.0", 86_400), ("9.99999999999999999e17", 999_999_999_999_999_990)],
+)  # fmt: skip
+def test_integral_numbers_are_integers(literal: str, value: int) -> None:
+    # JSON Schema 2020-12: any number with a zero fractional part is an integer. They reach
+    # the handlers as ints, never floats (Redis and the spend gate count in ints).
+    raw = _raw(MINIMAL_CALL)[:-1] + b', "limits": {"max_duration_s": ' + literal.encode() + b"}}"
+    if value > MAX_CALL_DURATION_S:
+        assert _error(raw).message == f"must be <= {MAX_CALL_DURATION_S}"
+        return
+    limits = parse_create_call_body(raw)["limits"]
+    assert limits == {"max_duration_s": value} and type(limits["max_duration_s"]) is int
+    put = parse_json_body(b'{"campaign_calls_per_minute": 6000.0}', TENANT_LIMITS_SCHEMA)
+    assert put == {"campaign_calls_per_minute": 6000}
+    assert type(put["campaign_calls_per_minute"]) is int
+
+
+@pytest.mark.parametrize(
+    "literal", ["60.5", "60.0000000000000001", "1e-400", "-0.5e-3", "59.999999999999999999"]
+)
+def test_numbers_with_a_fraction_are_not_integers(literal: str) -> None:
+    # Decided on the exact decimal, not on a float that rounded the fraction away.
+    raw = b'{"max_concurrent": ' + literal.encode() + b"}"
+    error = _error(raw, TENANT_LIMITS_SCHEMA)
+    assert (error.field, error.message) == ("max_concurrent", "must be an integer")
+
+
 def test_other_request_bodies_accept_valid_input() -> None:
     limits = {"budget_day": "25.00", "max_concurrent": 0, "max_call_cost": "10000"}
     assert parse_json_body(_raw(limits), TENANT_LIMITS_SCHEMA) == limits
@@ -125,7 +157,8 @@ SCHEMA_CASES: list[tuple[dict[str, Any], str | None, str]] = [
     (_with(limits={"max_cost": "1", "bogus": 2}), "limits.bogus", "unknown field 'bogus'"),
     ({"from": "+15557654321", "provider": "twilio"}, "to", "is required"),
     (_with(limits={"max_duration_s": "60"}), "limits.max_duration_s", "must be an integer"),
-    (_with(limits={"max_duration_s": 60.0}), "limits.max_duration_s", "must be an integer"),
+    (_with(limits={"max_duration_s": 60.5}), "limits.max_duration_s", "must be an integer"),
+    (_with(limits={"max_duration_s": 0.0}), "limits.max_duration_s", "must be >= 1"),
     (_with(limits={"max_duration_s": True}), "limits.max_duration_s", "must be an integer"),
     (_with(limits={"max_duration_s": 86_401}), "limits.max_duration_s", "must be <= 86400"),
     (_with(limits={"max_duration_s": 0}), "limits.max_duration_s", "must be >= 1"),
@@ -149,10 +182,20 @@ SCHEMA_CASES: list[tuple[dict[str, Any], str | None, str]] = [
     (_with(brain="Not A Name"), "brain", "configured brain name"),
     (_with(brain="http://brain.example.com"), "brain", "ws:// or wss:// URL"),
     (_with(brain="wss://" + "a" * 2048), "brain", "must be at most 2048 characters"),
+    (_with(brain="ws://brain.example/\x01tap"), "brain", "printable ASCII"),
+    (_with(brain="ws://brain.example/\x1ctap"), "brain", "printable ASCII"),
+    (_with(brain="ws://brain.example/\x7f"), "brain", "printable ASCII"),
+    (_with(brain="ws://brain.example/tap\n"), "brain", "printable ASCII"),
+    (_with(brain="ws://brain.example/\ufefftap"), "brain", "printable ASCII"),
+    (_with(brain="ws://brain.example/tap?x=1"), "brain", "no spaces, query, fragment"),
+    (_with(brain="ws://brain.example/tap#x"), "brain", "no spaces, query, fragment"),
+    (_with(brain="ws://brain.example/%2e%2e/"), "brain", "no spaces, query, fragment"),
+    (_with(brain="ws://bräin.example/"), "brain", "printable ASCII"),
     (_with(campaign="spring sale"), "campaign", "letters, digits"),
     (_with(metadata={"k": 1}), "metadata.k", "must be a string"),
     (_with(metadata={"k": "v" * 257}), "metadata.k", "must be at most 256 characters"),
     (_with(metadata={"a\n": "x"}), "metadata", "key 'a\\n' must be 1..40 characters"),
+    (_with(metadata={"a\x9b": "x"}), "metadata", "without control characters"),
     (_with(metadata={"k" * 41: "x"}), "metadata", "must be 1..40 characters"),
     (
         _with(metadata={f"k{i}": "v" for i in range(MAX_METADATA_ENTRIES + 1)}),
@@ -194,6 +237,7 @@ def test_schema_errors_name_the_field_and_the_problem(
         (CREATE_KEY_SCHEMA, {"tenant": "acme", "role": "root"}, "role", "must be one of"),
         (CREATE_KEY_SCHEMA, {"tenant": "acme", "label": ""}, "label", "1..64 characters"),
         (CREATE_KEY_SCHEMA, {"tenant": "acme", "label": "a\x00"}, "label", "control"),
+        (CREATE_KEY_SCHEMA, {"tenant": "acme", "label": "a\x85"}, "label", "control"),
         (KILL_SWITCH_SCHEMA, {"engaged": 1}, "engaged", "must be true or false"),
         (KILL_SWITCH_SCHEMA, {"engaged": "yes"}, "engaged", "must be true or false"),
         (KILL_SWITCH_SCHEMA, {}, "engaged", "is required"),
@@ -262,7 +306,12 @@ def test_the_chosen_error_does_not_depend_on_key_order(rng: random.Random) -> No
         (b'{"to": NaN}', "NaN is not valid JSON"),
         (b'{"to": Infinity}', "Infinity is not valid JSON"),
         (b'{"to": -Infinity}', "-Infinity is not valid JSON"),
-        (b'{"to": 1e400}', "out of range"),
+        (b'{"to": 1e400}', "a number has 401 digits; at most 18 are accepted"),
+        (b'{"to": 1e18}', "a number has 19 digits; at most 18 are accepted"),
+        (b'{"to": 1E+1000000000}', "at most 18 are accepted"),
+        (b'{"to": 1' + b"0" * 400 + b".5}", "out of range"),
+        (b'{"to": "\\ud800"}', "lone UTF-16 surrogate"),
+        (b'{"metadata": {"\\udfff": "x"}}', "lone UTF-16 surrogate"),
         (b'{"to": ' + b"9" * (MAX_INTEGER_DIGITS + 1) + b"}", "at most 18 are accepted"),
         (b'{"to": -' + b"9" * 5000 + b"}", "at most 18 are accepted"),
         (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
@@ -384,12 +433,14 @@ def test_arbitrary_bytes_get_an_answer_never_a_crash(raw: bytes) -> None:
 
 
 def test_calls_query_defaults_and_values() -> None:
-    assert parse_calls_query([]) == CallsQuery(status=None, limit=50, cursor=None)
+    assert parse_calls_query([]) == CallsQuery(status=None, limit=50, cursor=None, tenant=None)
     assert parse_calls_query(
         [("status", "in_progress"), ("limit", "200"), ("cursor", "1700000000000:call_ab")]
     ) == CallsQuery(status="in_progress", limit=200, cursor="1700000000000:call_ab")
+    assert parse_calls_query([("tenant", "acme")]).tenant == "acme"
     assert parse_spend_query([]) == SpendQuery(days=7)
     assert parse_spend_query([("days", "90")]) == SpendQuery(days=90)
+    assert parse_spend_query([("tenant", "acme")]) == SpendQuery(days=7, tenant="acme")
 
 
 @pytest.mark.parametrize(
@@ -407,6 +458,9 @@ def test_calls_query_defaults_and_values() -> None:
         (CALLS_QUERY_SCHEMA, [("cursor", "a" * 129)], "cursor", "next_cursor"),
         (CALLS_QUERY_SCHEMA, [("cursor", "a b")], "cursor", "next_cursor"),
         (CALLS_QUERY_SCHEMA, [("cursor", "")], "cursor", "next_cursor"),
+        (CALLS_QUERY_SCHEMA, [("cursor", "garbage")], "cursor", "next_cursor"),
+        (CALLS_QUERY_SCHEMA, [("cursor", "1700000000000:CA12")], "cursor", "next_cursor"),
+        (CALLS_QUERY_SCHEMA, [("tenant", "Acme")], "tenant", "lowercase letters"),
         (CALLS_QUERY_SCHEMA, [("Limit", "5")], "Limit", "unknown query parameter 'Limit'"),
         (SPEND_QUERY_SCHEMA, [("days", "0")], "days", "must be >= 1"),
         (SPEND_QUERY_SCHEMA, [("days", "91")], "days", "must be <= 90"),
@@ -483,6 +537,15 @@ def test_schemas_are_valid_closed_and_every_pattern_has_a_hint(schema: Schema) -
          ["10000.000001", "10001", "12345", "0.1234567"]),
         (POSITIVE_CALL_COST_PATTERN, ["0.000001", "10000", "0.5"], ["0", "0.0", "000.000000"]),
         (TENANT_ID_PATTERN, ["a", "acme", "0x", "a" * 63], ["", "Acme", "-a", "a" * 64, "a b"]),
+        (CURSOR_PATTERN, ["1700000000000:call_0a1b", "0:call_f", "9" * 16 + ":call_" + "a" * 64],
+         ["", ":call_a", "1700000000000", "1:call_", "1:call_AB", "x:call_a", "9" * 17 + ":call_a",
+          "1:call_" + "a" * 65, "1:call_a:2"]),
+        (BRAIN_PATTERN, ["echo", "wss://brains.example:443/tap/v1", "ws://127.0.0.1:8081/echo",
+                         "ws://[::1]:8081/a;b=c&d~e!"],
+         ["Echo", "ws://", "ws://a b", "ws://a\tb", "ws://a\x1fb", "ws://a?x", "ws://a#x",
+          "ws://a%20", "ws://é", "ws://a\u2028", "http://a"]),
+        (KEY_LABEL_PATTERN, ["ci", "prod dialer", "ключ ✓", "\U0001f600" * 64],
+         ["", "a\x00", "a\x1f", "a\x7f", "a\x80", "a\x9f", "a" * 65]),
     ],
 )  # fmt: skip
 def test_bounded_patterns(pattern: str, good: list[str], bad: list[str]) -> None:

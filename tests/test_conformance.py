@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ from brains.tap import (
     Direction,
     FunctionCall,
     Hello,
+    SessionEnd,
     SpeechStarted,
     SpeechStopped,
     TapDecoder,
@@ -56,6 +58,13 @@ NODE_BRAIN_DIR = REPO_ROOT / "examples" / "node-brain"
 READY_PREFIX = "node brain listening on "
 #: Short turn timeout for in-process brains: they answer in milliseconds.
 FAST_TURN_TIMEOUT_S = 1.0
+#: Turn timeout for brains that never answer (each wait costs this much).
+SHORT_TURN_TIMEOUT_S = 0.5
+#: The own-VAD brain answers after this many silent frames following speech
+#: (10 frames = 200 ms of caller audio, a short end-of-turn silence).
+OWN_VAD_SILENT_FRAMES = 10
+#: ...with this much audio: 100 ms at 24 kHz.
+OWN_ANSWER_SAMPLES = 2_400
 #: Generous bounds for a subprocess on a loaded 2-core machine.
 NODE_READY_TIMEOUT_S = 10.0
 NODE_STOP_TIMEOUT_S = 5.0
@@ -89,6 +98,7 @@ def test_rules_are_data_in_the_documented_order() -> None:
     assert [rule.name for rule in RULES] == [
         "connect",
         "hello",
+        "hello-declarations",
         "tools-catalog",
         "audio-accepted",
         "answers-turn",
@@ -156,9 +166,20 @@ async def test_echo_brain_conforms() -> None:
     got = statuses(report)
     assert got["tool-round-trip"] is SKIP
     assert got["tools-catalog"] is SKIP  # echo has no tools
-    for name in ("connect", "hello", "answers-turn", "barge-in", "resume", "messages-valid"):
+    for name in (
+        "connect",
+        "hello",
+        "hello-declarations",
+        "answers-turn",
+        "resume",
+        "messages-valid",
+    ):
         assert got[name] is PASS, explain(report)
     assert report.result("hello").detail.startswith("brain 'echo' version ")
+    # It declares interruptible: false, so the kit does not try to cut it.
+    assert report.result("hello-declarations").detail == "interruptible false, turns 'core'"
+    assert got["barge-in"] is SKIP
+    assert "interruptible: false" in report.result("barge-in").detail
 
 
 # ---- a broken brain: the kit can fail ----------------------------------------------
@@ -252,6 +273,7 @@ async def test_broken_brain_fails_the_matching_rules(broken_brain_url: str) -> N
     assert statuses(report) == {
         "connect": PASS,
         "hello": FAIL,
+        "hello-declarations": SKIP,  # no valid hello to read them from
         "tools-catalog": FAIL,
         "audio-accepted": PASS,
         "answers-turn": FAIL,
@@ -273,6 +295,144 @@ async def test_broken_brain_fails_the_matching_rules(broken_brain_url: str) -> N
     assert "malformed_json" in detail["messages-valid"]
 
 
+# ---- brains that say what they are (hello.interruptible, hello.turns) -------------
+
+
+class _DeclaringBrain:
+    """A tap server whose ``hello`` carries ``declarations`` as given (valid or not).
+
+    It behaves as a full-duplex brain with its own VAD: after caller speech
+    followed by :data:`OWN_VAD_SILENT_FRAMES` silent frames it answers with
+    one ``audio_out`` (if ``answers``). With ``answers_speech_stopped`` it
+    also answers a core ``speech_stopped``, like a turn-based brain. It counts
+    the core speech events it gets: a ``turns: "brain"`` brain must get none.
+    """
+
+    def __init__(
+        self,
+        declarations: dict[str, Any],
+        *,
+        brain_fields: dict[str, Any] | None = None,
+        answers: bool = True,
+        answers_speech_stopped: bool = False,
+    ) -> None:
+        self.declarations = declarations
+        self.brain_fields = brain_fields or {}
+        self.answers = answers
+        self.answers_speech_stopped = answers_speech_stopped
+        self.speech_events = 0
+        self.own_answers = 0
+
+    async def serve(self, ws: ServerConnection) -> None:
+        decoder = TapDecoder(Direction.CORE_TO_BRAIN)
+        seq = 0
+        heard, silent, answer = False, 0, 0
+
+        async def send(msg_type: str, **fields: Any) -> None:
+            nonlocal seq
+            await ws.send(json.dumps({"v": 1, "type": msg_type, "seq": seq, "ts": 0, **fields}))
+            seq += 1
+
+        async def reply() -> None:
+            nonlocal answer
+            answer += 1
+            pcm = base64.b64encode(voiced_pcm(100)).decode()
+            await send("audio_out", pcm=pcm, samples=OWN_ANSWER_SAMPLES, item=f"own-{answer}")
+
+        try:
+            async for data in ws:
+                try:
+                    event = decoder.decode(data)
+                except TapProtocolError:
+                    continue
+                if isinstance(event, Hello):
+                    brain = {"name": "declaring", "version": "1", **self.brain_fields}
+                    await send("hello", brain=brain, **self.declarations)
+                elif isinstance(event, SpeechStarted | SpeechStopped):
+                    self.speech_events += 1
+                    if isinstance(event, SpeechStopped) and self.answers_speech_stopped:
+                        await reply()
+                elif isinstance(event, AudioIn):
+                    if any(event.pcm):
+                        heard, silent = True, 0
+                    elif heard:
+                        silent += 1
+                        if silent >= OWN_VAD_SILENT_FRAMES:
+                            heard = False
+                            if self.answers:
+                                self.own_answers += 1
+                                await reply()
+                elif isinstance(event, SessionEnd):
+                    await ws.close()
+                    return
+        except ConnectionClosed:
+            pass
+
+
+@contextlib.asynccontextmanager
+async def declaring_brain(brain: _DeclaringBrain) -> AsyncIterator[str]:
+    """Serve ``brain`` on loopback; yields its URL."""
+    async with serve(brain.serve, LOOPBACK, 0, max_size=MAX_MESSAGE_BYTES) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        yield f"ws://{LOOPBACK}:{port}/declaring"
+
+
+async def test_turns_brain_gets_no_speech_events_and_answers_on_its_own() -> None:
+    brain = _DeclaringBrain({"interruptible": True, "turns": "brain"})
+    async with declaring_brain(brain) as url:
+        report = await run_conformance(url, turn_timeout_s=FAST_TURN_TIMEOUT_S)
+    assert report.passed, explain(report)
+    got = statuses(report)
+    assert report.result("hello-declarations").detail == "interruptible true, turns 'brain'"
+    assert got["answers-turn"] is PASS
+    assert "answered on its own" in report.result("answers-turn").detail
+    assert got["barge-in"] is SKIP
+    assert 'turns: "brain"' in report.result("barge-in").detail
+    for name in ("hello-declarations", "unknown-events", "resume", "session-end"):
+        assert got[name] is PASS, explain(report)
+    assert got["tool-round-trip"] is SKIP  # answered the marker turn with audio, no tool
+    assert brain.speech_events == 0  # the core never sends them to such a brain
+    assert brain.own_answers >= 4  # first turn, tool turn, probe turn, resumed turn
+
+
+async def test_turns_brain_that_never_answers_is_skipped_not_failed() -> None:
+    brain = _DeclaringBrain({"turns": "brain"}, answers=False)
+    async with declaring_brain(brain) as url:
+        report = await run_conformance(url, turn_timeout_s=SHORT_TURN_TIMEOUT_S)
+    assert report.passed, explain(report)
+    got = statuses(report)
+    assert got["answers-turn"] is SKIP
+    assert "no audio_out on its own" in report.result("answers-turn").detail
+    assert got["hello-declarations"] is PASS
+    assert "(interruptible by default)" in report.result("hello-declarations").detail
+    assert brain.speech_events == 0
+
+
+@pytest.mark.parametrize(
+    ("declarations", "brain_fields", "expected"),
+    [
+        ({"turns": "duplex"}, {}, 'turns="duplex"'),
+        ({"interruptible": "no", "turns": 7}, {}, 'interruptible="no", turns=7'),
+        ({"interruptible": None}, {}, "interruptible=null"),
+        ({}, {"interruptible": False, "turns": "core"}, "interruptible, turns inside hello.brain"),
+    ],
+    ids=["turns_unknown", "both_bad_types", "interruptible_null", "nested_in_brain"],
+)
+async def test_invalid_declarations_fail_only_their_rule(
+    declarations: dict[str, Any], brain_fields: dict[str, Any], expected: str
+) -> None:
+    brain = _DeclaringBrain(declarations, brain_fields=brain_fields, answers_speech_stopped=True)
+    async with declaring_brain(brain) as url:
+        report = await run_conformance(url, turn_timeout_s=FAST_TURN_TIMEOUT_S)
+    failed = {rule.name for rule in report.rules if rule.status is FAIL}
+    assert failed == {"hello-declarations"}, explain(report)
+    assert expected in report.result("hello-declarations").detail
+    # The core reads unknown values as the defaults, and so does the kit:
+    # core turns (speech events sent) and barge-in exercised.
+    assert brain.speech_events > 0
+    assert statuses(report)["barge-in"] is PASS, explain(report)
+
+
 async def test_dead_url_fails_connect_and_skips_the_rest() -> None:
     report = await run_conformance(f"ws://{LOOPBACK}:{free_port()}/gone")
     got = statuses(report)
@@ -291,6 +451,7 @@ async def test_silent_brain_fails_answers_turn_without_hanging() -> None:
     got = statuses(report)
     assert got["hello"] is PASS
     assert report.result("hello").detail == "brain sent no hello (optional)"
+    assert got["hello-declarations"] is SKIP
     assert got["answers-turn"] is FAIL
     assert "no audio_out within 0.5 s" in report.result("answers-turn").detail
     assert got["barge-in"] is SKIP
@@ -321,7 +482,7 @@ def test_main_exit_zero_when_no_rule_fails(
     assert len(out) == len(RULES) + 1
     assert out[0].split() == ["PASS", "connect", "ok"]
     assert "SKIP  dtmf" in "\n".join(out)
-    assert out[-1].startswith("conformant: 11 passed, 0 failed, 1 skipped")
+    assert out[-1].startswith("conformant: 12 passed, 0 failed, 1 skipped")
 
 
 def test_main_exit_nonzero_when_a_rule_fails(capsys: pytest.CaptureFixture[str]) -> None:
@@ -428,7 +589,11 @@ async def test_node_brain_conforms(node_brain: str, tmp_path: Path) -> None:
             code = await proc.wait()
     logged = log_path.read_text()
     assert report.passed, explain(report) + "\n" + logged
-    assert set(statuses(report).values()) == {PASS}, explain(report)
+    got = statuses(report)
+    # brain.js declares nothing (the defaults); everything else must pass.
+    assert got.pop("hello-declarations") is SKIP, explain(report)
+    assert "declares nothing" in report.result("hello-declarations").detail
+    assert set(got.values()) == {PASS}, explain(report)
     assert "hangup" in report.result("tool-round-trip").detail
     assert "node-turn-1" in report.result("barge-in").detail
     assert code == 0, logged  # SIGTERM is a graceful stop

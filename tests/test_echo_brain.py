@@ -34,6 +34,7 @@ from brains.tap import (
     Direction,
     TapDecoder,
     TapEncoder,
+    TurnOwner,
 )
 from tests.tap_fixtures import fixture_names, load_fixture, load_fixture_json
 
@@ -88,6 +89,9 @@ async def test_hello_is_answered_with_brain_hello(brain: EchoBrain) -> None:
     reply = TapDecoder(Direction.BRAIN_TO_CORE).decode(text)
     assert isinstance(reply, BrainHello)
     assert reply.name == "echo" and reply.version
+    # It says what it is: never cut by caller speech, the core decides turns.
+    assert (frame["interruptible"], frame["turns"]) == (False, "core")
+    assert (reply.interruptible, reply.turns, reply.ignored) == (False, TurnOwner.CORE, ())
     assert brain.connections == 1
 
 

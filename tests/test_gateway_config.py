@@ -10,13 +10,14 @@ import pytest
 from brains.echo import EchoBrain
 from gateway.config import (
     DEFAULT_BRAIN_GRACE_MS,
-    DEFAULT_MARK_EVERY_FRAMES,
     DEFAULT_PUBLIC_URL,
     DEFAULT_TAP_URL,
     GENERATED_SECRET_BYTES,
     GatewayConfig,
 )
 from gateway.env_values import ConfigError
+from gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES
+from gateway.reflex import PauseOn
 from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
 from media.playout import DEFAULT_MAX_MS
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
@@ -395,8 +396,13 @@ def test_reflex_knobs_from_the_environment() -> None:
             "RUTSTER_DTMF_BARGE_IN": "yes",
             "RUTSTER_VAD": "webrtc",
             "RUTSTER_ECHO_CANCELLER": "on",
+            "RUTSTER_BARGE_IN_PAUSE_ON": "Speech",
+            "RUTSTER_BARGE_IN_PAUSE_PROBABILITY": "0.6",
         }
     )
+    assert config.reflex.pause_on is PauseOn.SPEECH
+    assert config.reflex.pause_probability == 0.6
+    assert GatewayConfig.from_env({}).reflex.pause_on is PauseOn.ENERGY
     assert not config.reflex.barge_in
     assert config.reflex.confirm_ms == 500
     assert config.reflex.confirm_floor_dbfs == -40.5
@@ -413,6 +419,11 @@ def test_reflex_knobs_from_the_environment() -> None:
         ({"RUTSTER_VAD": "magic"}, "RUTSTER_VAD must be one of energy, webrtc, silero, cascade"),
         ({"RUTSTER_BARGE_IN_FLOOR_DBFS": "loud"}, "must be a number"),
         ({"RUTSTER_BARGE_IN_CONFIRM_MS": "5"}, "must be >= 20"),
+        (
+            {"RUTSTER_BARGE_IN_PAUSE_ON": "vibes"},
+            "RUTSTER_BARGE_IN_PAUSE_ON must be one of energy, speech, hold",
+        ),
+        ({"RUTSTER_BARGE_IN_PAUSE_PROBABILITY": "-1"}, "must be >= 0"),
     ],
 )
 def test_reflex_knob_errors_are_clear(env: dict[str, str], message: str) -> None:

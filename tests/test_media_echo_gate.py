@@ -15,6 +15,7 @@ import pytest
 
 from brains.realtime.mock_voice import synthesize_reply
 from media.echo_gate import (
+    MAX_ERL_RISE_DB_PER_S,
     MIN_ERL_DB,
     NEAR_END_FLOOR_DBFS,
     EchoCancellerUnavailableError,
@@ -120,6 +121,7 @@ def simulate(
     caller_8k: npt.NDArray[np.float64] | None = None,
     stall_ms: float = 0.0,
     seed: int = 0,
+    caller_start_ms: int = CALLER_START_MS,
 ) -> Line:
     """Send ``render_frames`` down a μ-law line that echoes them back, with a caller on it."""
     rng = np.random.default_rng(seed)
@@ -133,7 +135,7 @@ def simulate(
     echo[shift : shift + len(played)] = coupled
     talker = np.zeros(length)
     if caller_8k is not None:
-        start = CALLER_START_MS * PER_MS
+        start = caller_start_ms * PER_MS
         talker[start : start + len(caller_8k)] = caller_8k[: length - start]
     noise = rng.standard_normal(length) * _FULL_SCALE * 10 ** (NOISE_DBFS / 20)
     wire = ulaw_encode(_pcm(echo + talker + noise))
@@ -477,3 +479,165 @@ def test_canceller_gates_echo_and_hears_double_talk(
     alone = near_end(run(EchoGate(), talk))[speech].mean()
     assert with_aec >= 0.85  # measured 0.91
     assert with_aec >= alone + 0.05  # measured 0.80 for the gate alone
+
+
+# ---- what is learned during a call --------------------------------------------
+
+
+def _turn_taking_call(
+    speech: bytes, minutes: float, caller_gain_db: float
+) -> tuple[list[bytes], npt.NDArray[np.float64], list[int]]:
+    """Answers the caller talks over, 300-900 ms in, each cut 60 ms after they start.
+
+    Render frames, the caller's 8 kHz track and each utterance's start (ms).
+    """
+    reply = _frames(synthesize_reply(1500, seed=2))
+    utterances = [_span(speech, start, start + 1.5) for start in (9.0, 10.5, 12.0, 19.0, 20.5)]
+    offsets = (300, 500, 700, 900, 400, 800, 600)
+    render: list[bytes] = []
+    track = np.zeros(int((minutes * 60 + 5) * WIRE_RATE))
+    starts: list[int] = []
+    k = 0
+    silent = bytes(CANONICAL_FRAME_BYTES)
+    while len(render) * FRAME_MS < minutes * 60_000:
+        cut = (offsets[k % len(offsets)] + 60) // FRAME_MS
+        start_ms = (len(render) + cut) * FRAME_MS - 60
+        render += reply[:cut] + [silent] * ((1500 + 800) // FRAME_MS)
+        utterance = utterances[k % len(utterances)] * 10 ** (caller_gain_db / 20)
+        a = start_ms * PER_MS
+        track[a : a + len(utterance)] = utterance
+        starts.append(start_ms)
+        k += 1
+    return render, track, starts
+
+
+def test_turn_taking_on_a_clean_line_is_not_taken_for_an_echo_path(speech: bytes) -> None:
+    """Minutes of a caller talking over every answer: heard at once on every one of them.
+
+    The caller starting a few hundred ms into every answer, and the answer
+    stopping when they do, correlates the two envelopes at the caller's
+    reaction time with no echo at all; taking that for the echo delay froze
+    the ERL at MIN_ERL_DB and hid a caller quieter than the assistant.
+    """
+    render, track, starts = _turn_taking_call(speech, minutes=2.0, caller_gain_db=-6.0)
+    line = simulate(render, rtt_ms=200, erl_db=200.0, caller_8k=track, caller_start_ms=0)
+    verdicts = run(EchoGate(), line)
+    flags = near_end(verdicts)
+    assert all(v.delay_ms is None for v in verdicts)
+    assert min(v.erl_db for v in verdicts[len(verdicts) // 4 :]) >= 30.0
+    late = []
+    # The first two answers: the line is still being proven clean (each lag's
+    # bound needs a frame where its render was loud and the capture quiet).
+    for start_ms in starts[2:]:
+        first = start_ms // FRAME_MS
+        window = slice(first, first + 50)
+        loud = line.caller_dbfs[window] >= SPEECH_DBFS
+        onset = first + int(np.argmax(loud))
+        # Two near-end frames in a row (the reflex loop's pause) from the onset frame on.
+        if not (flags[onset] and flags[onset + 1]) and not (flags[onset + 1] and flags[onset + 2]):
+            late.append(start_ms)
+    assert not late, f"{len(late)} of {len(starts) - 2} interruptions not heard at once"
+
+
+def test_double_talk_never_lowers_the_erl_or_locks_out_the_caller(speech: bytes) -> None:
+    """A minute of both talking at once: the ERL does not fall, the caller stays heard.
+
+    On a clean line and at 20 dB ERL the ERL in use never falls. At 10 dB
+    the caller (6 dB under the assistant) is 4 dB above the echo, and a few
+    stretches of both pass the echo-alone test: a known limit of energy
+    envelopes, pinned (measured 1.75 dB; the fall only hides more). At 6 dB
+    the two are as loud and it falls to 0 dB (not tested).
+    """
+    long_caller = np.concatenate([_span(speech, 9.0, 14.0), _span(speech, 19.0, 24.0)] * 6)
+    for erl_db, allowed_fall_db in ((200.0, 0.0), (20.0, 0.0), (10.0, 2.5)):
+        line = simulate(
+            _frames(b"".join(_to_canonical(np.tile(_span(speech, 3.0, 9.0), 11)))),
+            rtt_ms=200,
+            erl_db=erl_db,
+            caller_8k=long_caller * 0.5,
+            caller_start_ms=5000,
+        )
+        verdicts = run(EchoGate(), line)
+        erl = np.array([v.erl_db for v in verdicts])
+        start = 5000 // FRAME_MS
+        # Double talk from 5 s to the end.
+        assert erl[start:].min() >= erl[start] - allowed_fall_db - 1e-9, erl_db
+        if erl_db > 100:
+            assert (np.diff(erl[start:]) >= -1e-9).all()
+            speech_frames = line.caller_dbfs >= SPEECH_DBFS
+            speech_frames[:start] = False
+            assert near_end(verdicts)[speech_frames].mean() >= 0.95
+
+
+@pytest.mark.parametrize(
+    ("rtt_ms", "erl_db"),
+    [
+        (80, 6.0),
+        (80, 10.0),
+        (80, 20.0),
+        (80, 30.0),
+        (400, 6.0),
+        (400, 10.0),
+        (400, 20.0),
+        (400, 30.0),
+    ],
+)
+def test_echo_alone_gives_no_near_end_run(
+    assistant: list[bytes], rtt_ms: int, erl_db: float
+) -> None:
+    """Echo 180-500 ms late (round trip + send-ahead + resampling): never two frames in a row."""
+    line = simulate(assistant, rtt_ms=rtt_ms, erl_db=erl_db, seed=rtt_ms)
+    flags = near_end(run(EchoGate(), line)) & (line.echo_dbfs >= NEAR_END_FLOOR_DBFS)
+    assert longest_run(flags) <= 1  # measured 0 everywhere here
+
+
+def test_erl_rise_is_bounded_per_second(
+    assistant: list[bytes], caller: npt.NDArray[np.float64]
+) -> None:
+    """However the ERL is proven, it rises at most MAX_ERL_RISE_DB_PER_S (one update's step)."""
+    for erl_db, talker in ((200.0, None), (30.0, None), (20.0, caller)):
+        verdicts = run(EchoGate(), simulate(assistant, rtt_ms=200, erl_db=erl_db, caller_8k=talker))
+        erl = np.array([v.erl_db for v in verdicts])
+        per_s = 1000 // FRAME_MS
+        rise = erl[per_s:] - erl[:-per_s]
+        assert rise.max() <= MAX_ERL_RISE_DB_PER_S + 1e-9
+        delays = [v.delay_ms for v in verdicts if v.delay_ms is not None]
+        # The delay, once found on a fixed path, stays put.
+        assert len(set(delays)) <= 1
+
+
+def test_an_echo_path_appearing_mid_call_is_followed(assistant: list[bytes]) -> None:
+    """A clean line turning into a 10 dB echo (speakerphone): false frames stop within 3.5 s."""
+    before = simulate(assistant, rtt_ms=200, erl_db=200.0)
+    after = simulate(assistant, rtt_ms=200, erl_db=10.0)
+    change = 400
+    line = Line(
+        render=before.render,
+        capture=before.capture[:change] + after.capture[change:],
+        echo_dbfs=np.concatenate([before.echo_dbfs[:change], after.echo_dbfs[change:]]),
+        caller_dbfs=before.caller_dbfs,
+    )
+    verdicts = run(EchoGate(), line)
+    flags = near_end(verdicts) & (line.echo_dbfs >= NEAR_END_FLOOR_DBFS)
+    # Until the delay is found (the correlation window, 3 s) the new echo is
+    # taken for the caller: a known limit, pinned (measured 160 frames).
+    assert not flags[change + 3500 // FRAME_MS :].any()
+    assert verdicts[-1].erl_db <= 10.5
+    assert verdicts[-1].delay_ms is not None
+
+
+def test_frames_dropped_unplayed_prove_nothing(assistant: list[bytes]) -> None:
+    """Render the provider cleared never echoes: told so, the gate does not learn from it."""
+    line = simulate(assistant[:150], rtt_ms=200, erl_db=20.0)
+    gate = EchoGate()
+    run(gate, line)
+    learned = gate.erl_db
+    loud = max(assistant, key=frame_level_dbfs)
+    t = float(len(line.capture) * FRAME_MS)
+    for k in range(5):  # sent ahead, then cleared before they played
+        gate.render(loud, t + k * FRAME_MS)
+    gate.unplayed(5)
+    quiet = bytes(CANONICAL_FRAME_BYTES)
+    for k in range(1, 60):
+        gate.capture(quiet, t + k * FRAME_MS)
+    assert gate.erl_db <= learned + 1e-9

@@ -1,4 +1,9 @@
-"""The reflex loop on a virtual clock: real speech over assistant playout, echo, noise."""
+"""The reflex loop on a virtual clock: real speech over assistant playout, echo, noise.
+
+The rig (``gateway/engine_rig.py``) drives the production per-call media
+engine, the object ``Call`` drives, through a Twilio-like provider and a
+phone line (8 kHz μ-law both ways, echo built from what the provider played).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,18 @@ import pytest
 
 from brains.realtime.mock_voice import synthesize_reply
 from brains.tap import SpeechStarted, SpeechStopped
-from gateway.reflex import ClearProvider, ReflexConfig, ReflexState, WakePacer
-from gateway.reflex_rig import FRAME_MS, RATE, ReflexRig
+from gateway.engine_rig import (
+    FRAME_MS,
+    RATE,
+    InterruptingCaller,
+    Interruption,
+    ReflexRig,
+    ScriptedBrain,
+)
+from gateway.reflex import ClearProvider, PauseOn, ReflexConfig, ReflexState
 from media.resample import StreamResampler
 from tests.conftest import SPEECH_WAV
+from trunk.events import ClearPlayback
 from trunk.twilio.simulator import read_wav_8k
 
 #: Fluent speech in the fixture (no noise bursts): 9-14 s.
@@ -54,7 +67,7 @@ def test_barge_in_pauses_fast_confirms_and_reports_what_was_heard() -> None:
     rig.caller_audio(caller, at_s=1.5)
     rig.run()
     onset = onset_s(caller, 1.5)
-    pause = rig.first(ClearProvider)
+    pause = rig.first(ClearPlayback)
     assert pause is not None, "never paused"
     # Pause within 150 ms of the true onset (the issue's P95 goal), never before it.
     assert onset * 1000 <= pause.at_ms <= onset * 1000 + 150
@@ -93,7 +106,7 @@ def test_echo_alone_never_interrupts(delay_ms: float, loss_db: float) -> None:
     rig = ReflexRig(seconds=7.0, echo_delay_ms=delay_ms, echo_loss_db=loss_db)
     rig.say(assistant, "item_1", at_s=0.2)
     rig.run()
-    assert rig.first(ClearProvider) is None, rig.of_type("barge_in_paused")
+    assert rig.first(ClearPlayback) is None, rig.of_type("barge_in_paused")
     assert not rig.actions_of(SpeechStarted)
     assert "interrupted" not in rig.states()
 
@@ -106,8 +119,7 @@ def test_a_noise_burst_pauses_at_most_and_playout_resumes_where_it_paused() -> N
     rig.caller_audio(burst, at_s=1.5)
     rig.run()
     assert not rig.actions_of(SpeechStarted)
-    if rig.first(ClearProvider) is not None:
-        assert rig.first(WakePacer) is not None
+    if rig.first(ClearPlayback) is not None:
         assert rig.of_type("barge_in_resumed")
     # Every sample of the reply was heard exactly once: nothing lost, nothing doubled.
     assert rig.reflex.played_ms("item_1", 5_000) == 4_000
@@ -150,9 +162,10 @@ def test_cancellation_is_idempotent_and_later_audio_of_the_cut_item_is_dropped()
     rig.caller_audio(caller, at_s=1.0)
     rig.say(REPLY[two_seconds:], "item_1", at_s=2.5)  # in flight when the brain cancelled
     rig.run()
-    interrupted = [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted]  # type: ignore[union-attr]
+    interrupted = [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted]
     assert len(interrupted) == 1
-    assert rig.reflex.counters.dropped_cancelled_audio == 1
+    # The late 1.5 s arrives as two audio_out messages (at most 1 s each): both dropped.
+    assert rig.reflex.counters.dropped_cancelled_audio == 2
     assert rig.playout.buffered_samples == 0
 
 
@@ -162,7 +175,7 @@ def test_an_answer_arriving_while_the_caller_talks_is_cut_at_zero() -> None:
     rig.caller_audio(caller, at_s=0.3)
     rig.say(REPLY, "late_answer", at_s=1.5)
     rig.run()
-    cut = [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted]  # type: ignore[union-attr]
+    cut = [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted]
     assert cut == [SpeechStarted(interrupted=True, item="late_answer", played_ms=0)]
     assert rig.reflex.ledger.frames_sent == 0
 
@@ -173,9 +186,9 @@ def test_barge_in_off_only_drives_turns() -> None:
     rig.say(REPLY, "item_1", at_s=0.2)
     rig.caller_audio(caller, at_s=1.0)
     rig.run()
-    assert rig.first(ClearProvider) is None
+    assert rig.first(ClearPlayback) is None
     started = [a for _, a in rig.actions_of(SpeechStarted)]
-    assert started and not any(a.interrupted for a in started)  # type: ignore[union-attr]
+    assert started and not any(a.interrupted for a in started)
     assert (
         rig.reflex.played_ms("item_1", 4_000) == 3_780
         or rig.reflex.played_ms("item_1", 4_000) > 3_500
@@ -207,24 +220,198 @@ def test_exact_frames_of_pause_clear_flush_and_speech_started() -> None:
     rig.say(REPLY, "item_1", at_s=0.0)
     rig.caller_audio(caller, at_s=1.0, gain_db=6.0)
     rig.run()
-    onset_index = 50  # the caller frame covering 1000-1020 ms
-    pause = rig.first(ClearProvider)
+    onset_index = 50  # the caller frame covering 1000-1020 ms on the line
+    pause = rig.first(ClearPlayback)
     assert pause is not None
-    # Two loud near-end frames in a row (PAUSE_MS = 40): the second one pauses.
-    assert pause.index == onset_index + 1
+    # The inbound 8k -> 24k resampler holds 30 ms, so the onset's sound reaches the
+    # engine in the canonical frame of step 52 (1060 ms); two loud near-end frames
+    # in a row (PAUSE_MS = 40): the second one, at 1080 ms, pauses.
+    assert rig.reached_core_ms(1_000.0, -40.0) == 1_060.0
+    assert pause.index == onset_index + 3 and pause.at_ms == 1_080.0
     paused = rig.of_type("barge_in_paused")[0]
-    # The rig polls the pacer at the start of each 20 ms step (60 ms ahead, to
-    # 1080 ms); at the pause (1040 ms) the provider still held 1040-1080: 40 ms,
-    # back into the buffer, to be played again if the pause is undone.
+    # The pacer keeps 60 ms queued at the provider; at the pause the provider still
+    # held 40 ms the caller had not heard: back into the buffer, to be played again
+    # if the pause is undone.
     assert paused["requeued_ms"] == 40
     (confirm_step, started) = rig.actions_of(SpeechStarted)[0]
     # CONFIRM_MS = 350: 18 speech frames counted from the pause's own frames.
-    assert confirm_step.index == onset_index + 17
+    assert confirm_step.index == onset_index + 19
     assert isinstance(started, SpeechStarted) and started.interrupted
     # Heard: the whole reply was buffered at 0 ms, so playout started at once (the start
     # allowance is met by what is buffered) and the caller heard it until the pause.
-    assert started.played_ms == 1_040
+    assert started.played_ms == 1_080
+    assert rig.heard_ms("item_1", 1_080.0) == 1_080.0
     assert rig.playout.buffered_samples == 0
     assert [s.state for s in rig.steps[pause.index : confirm_step.index + 1]] == (
         ["interrupted"] * (confirm_step.index - pause.index) + ["listening"]
     )
+
+
+# ---- a long call: every interruption, however many came before ------------------
+
+#: Fluent stretches of the fixture the caller says, 1.5 s each.
+UTTERANCE_STARTS_S = (9.0, 10.5, 12.0, 19.0, 20.5, 22.0)
+#: How far into each answer the caller starts (ms), cycling: 300-900 ms.
+OFFSETS_MS = (300, 500, 700, 900, 400, 800, 600, 350, 850, 450, 750, 550)
+
+
+def _frame_levels(pcm24: bytes) -> np.ndarray:
+    x = np.frombuffer(pcm24, dtype="<i2").astype(np.float64)
+    n = x.size // 480
+    power = (x[: n * 480].reshape(n, 480) ** 2).mean(axis=1)
+    levels: np.ndarray = 10 * np.log10(np.maximum(power, 1e-9) / 32768**2)
+    return levels
+
+
+def at_active_level(pcm24: bytes, dbfs: float) -> bytes:
+    """``pcm24`` scaled to an active level of ``dbfs``.
+
+    Active level: the mean power of the 20 ms frames within 25 dB of the
+    loudest (a simple stand-in for ITU-T P.56's active speech level).
+    """
+    levels = _frame_levels(pcm24)
+    active = levels[levels >= levels.max() - 25]
+    gain = dbfs - 10 * np.log10(np.mean(10 ** (active / 10)))
+    x = np.frombuffer(pcm24, dtype="<i2").astype(np.float64) * 10 ** (gain / 20)
+    scaled: bytes = np.clip(x, -32768, 32767).astype("<i2").tobytes()
+    return scaled
+
+
+def _interrupting_call(
+    level_dbfs: float, turns: int = 12, config: ReflexConfig | None = None
+) -> ReflexRig:
+    """A clean-line call: the brain answers every turn, the caller talks over every answer."""
+    utterances = [at_active_level(speech_24k(s, 1.5), level_dbfs) for s in UTTERANCE_STARTS_S]
+    caller = InterruptingCaller(
+        [Interruption(utterances[k % len(utterances)], OFFSETS_MS[k]) for k in range(turns)],
+        recovery=utterances[0],
+    )
+    rig = ReflexRig(
+        seconds=60.0,
+        echo_loss_db=None,
+        brain=ScriptedBrain([REPLY]),
+        caller=caller,
+        config=config or ReflexConfig(),
+    )
+    rig.say(REPLY, "reply_0", at_s=0.2)
+    return rig.run()
+
+
+def _pause_latencies_ms(
+    rig: ReflexRig, first: int = 1, end_to_end_ms: float = 150.0
+) -> list[float | None]:
+    """Per interruption: from the first canonical frame above -40 dBFS reaching the core
+    to the provider clear (None: no clear), the core's own reaction time. From the
+    ``first``-th interruption on, the end-to-end latency (from the caller's mouth:
+    the line's framing and the inbound resampler on top) is held to ``end_to_end_ms``."""
+    assert rig.caller is not None
+    out: list[float | None] = []
+    for k, (_, at_s, utterance) in enumerate(rig.caller.placed):
+        onset = onset_s(utterance, at_s) * 1000
+        reached = rig.reached_core_ms(onset, -40.0)
+        after = [p for p in rig.clears_ms if at_s * 1000 <= p <= onset + 3000]
+        out.append(after[0] - reached if after and reached is not None else None)
+        if k >= first:
+            assert after and after[0] - onset <= end_to_end_ms, (k, onset, after, reached)
+    return out
+
+
+@pytest.mark.parametrize("level_dbfs", [-35.0, -22.0, -12.0])
+def test_every_interruption_of_a_call_on_a_clean_line_pauses_within_60_ms(
+    level_dbfs: float,
+) -> None:
+    """With the default (energy) pause rule, the core reacts within 60 ms, every time.
+
+    That is the echo gate's property: nothing it learns in a call locks the caller
+    out. (The speech rule also waits for the VAD; see the next test.)
+    """
+    _every_interruption_pauses(level_dbfs, ReflexConfig(), 60.0, 150.0)
+
+
+@pytest.mark.parametrize("level_dbfs", [-35.0, -22.0, -12.0])
+def test_every_interruption_of_a_call_pauses_with_the_speech_rule(level_dbfs: float) -> None:
+    """The speech rule (PauseOn.SPEECH) adds the VAD's onset: within 300 ms, every time.
+
+    Measured on this fixture: P50 100 ms, slowest 300 ms (one stretch Silero is
+    slow to call speech); the price of not pausing on coughs, doors and cars.
+    """
+    _every_interruption_pauses(level_dbfs, ReflexConfig(pause_on=PauseOn.SPEECH), 300.0, 320.0)
+
+
+def _every_interruption_pauses(
+    level_dbfs: float, config: ReflexConfig, core_ms: float, end_to_end_ms: float
+) -> None:
+    """Twelve interruptions in a row, no echo: after the first, each pauses in time.
+
+    The caller's recorded speech at -35, -22 (ordinary phone level) and -12
+    dBFS active level over the mock voice (-21 dBFS), 300-900 ms into every
+    answer. Before the fix, turn-taking itself was taken for an echo path
+    (the caller's reaction time, 320 ms, as its delay) and the ERL stayed at
+    6 dB for the rest of the call: interruptions 2, 4 and 8 paused 380, 160
+    and 530 ms late at -22 dBFS. The first, 300 ms into the call's first
+    answer, is the limit test_a_caller_early_in_the_first_answer_of_a_call
+    pins: it pauses, later (measured 40, 280 and 780 ms at -12, -22, -35 with
+    the energy rule).
+    """
+    rig = _interrupting_call(level_dbfs, config=config)
+    assert rig.caller is not None and len(rig.caller.placed) == 12
+    latencies = _pause_latencies_ms(rig, end_to_end_ms=end_to_end_ms)
+    assert latencies[0] is not None and latencies[0] <= 1500, latencies
+    assert all(lat is not None and lat <= core_ms for lat in latencies[1:]), latencies
+    cut = {a.item for _, a in rig.actions_of(SpeechStarted) if a.interrupted}
+    # Every answer after the first is cut (the first: the known limit below).
+    assert cut >= {item for item, _, _ in rig.caller.placed[1:]}
+    # Nothing on the line echoes: no delay is ever believed.
+    assert all(v.delay_ms is None for v in rig.verdicts)
+
+
+def test_a_caller_early_in_the_first_answer_of_a_call() -> None:
+    """A known limit, pinned: a quiet caller 300 ms into the call's first answer.
+
+    Until a lag has had a frame where the answer was loud at it and the line
+    quiet, echo at that lag with the worst ERL assumed (6 dB) is as good an
+    explanation as the caller; a caller starting 300 ms into the very first
+    answer looks, to energy, exactly like its echo 300 ms late. A caller at
+    or above the assistant's level is heard at once, a quieter one once
+    their own pauses prove the lags clean; later answers are not affected.
+    """
+    utterance = at_active_level(speech_24k(9.0, 1.5), -22.0)
+    caller = InterruptingCaller([Interruption(utterance, ms) for ms in (300, 400, 300)])
+    rig = ReflexRig(
+        seconds=12.0,
+        echo_loss_db=None,
+        brain=ScriptedBrain([REPLY]),
+        caller=caller,
+        config=ReflexConfig(pause_on=PauseOn.ENERGY),
+    )
+    rig.say(REPLY, "reply_0", at_s=0.2)
+    latencies = _pause_latencies_ms(rig.run())
+    assert latencies[0] is not None and latencies[0] <= 400  # measured 280
+    assert all(lat is not None and lat <= 60 for lat in latencies[1:]), latencies
+
+
+def test_noise_bursts_do_not_stutter_the_assistant() -> None:
+    """A passing bus, a door, a cough and keyboard clicks over the assistant (tune split).
+
+    The speech rule pauses only when the VAD hears a voice in the burst. With
+    either rule a burst once judged noise (a pause undone) does not pause again
+    until it ends: before, a 2.8 s bus paused and resumed 12 times.
+    """
+    from bench.eval_corpus import noise_bursts, scale_to_dbfs
+
+    bursts = {b.kind: b for b in noise_bursts("tune")}
+
+    def run(config: ReflexConfig) -> ReflexRig:
+        rig = ReflexRig(seconds=16.0, echo_loss_db=None, config=config)
+        rig.say(speech_24k(0.0, 15.0), "reply", at_s=0.2)
+        for n, kind in enumerate(("traffic", "door", "cough", "keyboard", "traffic")):
+            rig.caller_audio(scale_to_dbfs(bursts[kind].pcm24, -20.0), at_s=1.5 + 3.0 * n)
+        return rig.run()
+
+    rig = run(ReflexConfig(pause_on=PauseOn.SPEECH))
+    assert rig.audible_pauses <= 1, (rig.clears_ms, rig.holes_ms)
+    assert not [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted]
+    energy = run(ReflexConfig())
+    # The energy rule pauses on a burst, about once (a cough's two gusts: twice).
+    assert 4 <= energy.audible_pauses <= 6, (energy.clears_ms, energy.holes_ms)
+    assert not [a for _, a in energy.actions_of(SpeechStarted) if a.interrupted]

@@ -28,13 +28,13 @@ from spend.limits import TenantLimits
 from spend.meter import QuantumPolicy
 from tests.conftest import (
     FAST_MICROS_PER_MINUTE,
-    TEST_ADMIN_KEY,
     TEST_AUTH_TOKEN,
     RunningGateway,
     eventually,
     fast_spend_settings,
     gateway_config,
     serve_gateway,
+    tenant_key,
 )
 from tests.test_gateway_calls import RecordingBrain
 from trunk.twilio.fake_rest import FakeTwilioRest
@@ -46,17 +46,6 @@ CALLEE = "+15550002222"
 #: The call's cost cap: 0.03 USD = 3 s of telephony at the fast test rate (10_000 micros/s).
 MAX_COST = "0.03"
 MAX_COST_MICROS = 30_000
-
-
-async def _tenant_key(client: httpx.AsyncClient, tenant: str) -> str:
-    response = await client.post(
-        "/v1/admin/keys",
-        json={"tenant": tenant, "label": "e2e"},
-        headers={"Authorization": f"Bearer {TEST_ADMIN_KEY}"},
-    )
-    assert response.status_code == 201, response.text
-    key: str = response.json()["key"]
-    return key
 
 
 def _ledger_balances(ledger: list[dict[str, str]], spent_by_day: int) -> None:
@@ -99,6 +88,27 @@ async def outbound_rig(speech: bytes, **spend: Any) -> AsyncIterator[OutboundRig
             yield OutboundRig(brain, fake, callee, gateway, client)
 
 
+def _describe_call(gateway: RunningGateway, call_id: str) -> str:
+    """What a live call is doing (for a failure message)."""
+    call = gateway.state.calls_by_id.get(call_id)
+    if call is None:
+        return "the call is not live"
+    tasks = []
+    for task in call.tasks:
+        state = "running"
+        if task.cancelled():
+            state = "cancelled"
+        elif task.done():
+            state = f"done ({task.exception()!r})"
+        tasks.append(f"{task.get_name()}: {state}")
+    spend = call.spend
+    money = "unmetered" if spend is None else repr(spend.snapshot(round(call.clock_ms())))
+    return (
+        f"end_reason={call.end_reason} tap_connected={call.tap.connected} "
+        f"money={money} tasks=[{', '.join(tasks)}]"
+    )
+
+
 @pytest.mark.parametrize("goodbye", [None, "Your budget is used up. Goodbye."])
 async def test_outbound_call_is_ended_by_the_gate_at_its_max_cost(
     speech_pcm: bytes, goodbye: str | None
@@ -107,7 +117,7 @@ async def test_outbound_call_is_ended_by_the_gate_at_its_max_cost(
         brain, fake, callee, gateway, client = (
             rig.brain, rig.fake, rig.callee, rig.gateway, rig.client
         )  # fmt: skip
-        key = await _tenant_key(client, "acme")
+        key = await tenant_key(client, "acme")
         auth = {"Authorization": f"Bearer {key}"}
         response = await client.post(
             "/v1/calls",
@@ -152,7 +162,10 @@ async def test_outbound_call_is_ended_by_the_gate_at_its_max_cost(
         assert len(costs) >= 2 and costs == sorted(costs) and costs[-1] > costs[0]
 
         # The gate ends it at the cap: the brain is told why, Twilio is asked to hang up.
-        await eventually(lambda: bool(brain.of_type(SessionEnd)), timeout_s=10)
+        try:
+            await eventually(lambda: bool(brain.of_type(SessionEnd)), timeout_s=10)
+        except AssertionError:
+            raise AssertionError(f"no session_end: {_describe_call(gateway, call_id)}") from None
         end = brain.of_type(SessionEnd)[0]
         assert isinstance(end, SessionEnd) and end.reason.value == "budget_exhausted"
         sid = next(iter(fake.created_calls))
@@ -195,8 +208,8 @@ async def test_delete_ends_a_live_outbound_call_with_api_hangup(speech_pcm: byte
         brain, fake, callee, gateway, client = (
             rig.brain, rig.fake, rig.callee, rig.gateway, rig.client
         )  # fmt: skip
-        key = await _tenant_key(client, "acme")
-        other = await _tenant_key(client, "globex")
+        key = await tenant_key(client, "acme")
+        other = await tenant_key(client, "globex")
         auth = {"Authorization": f"Bearer {key}"}
         created = await client.post(
             "/v1/calls",
@@ -228,6 +241,45 @@ async def test_delete_ends_a_live_outbound_call_with_api_hangup(speech_pcm: byte
         assert final["spend"]["settled"] is not None
         again = await client.delete(f"/v1/calls/{call_id}", headers=auth)
         assert again.status_code == 409
+
+
+async def test_a_meter_that_dies_of_a_bug_ends_its_call_closed(
+    speech_pcm: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail closed: a call whose meter task crashes is not left running unmetered."""
+    async with outbound_rig(speech_pcm) as rig:
+        brain, fake, callee, gateway, client = (
+            rig.brain, rig.fake, rig.callee, rig.gateway, rig.client
+        )  # fmt: skip
+        key = await tenant_key(client, "acme")
+        auth = {"Authorization": f"Bearer {key}"}
+        created = await client.post(
+            "/v1/calls",
+            json={"to": CALLEE, "from": CALLER_ID, "provider": "twilio"},
+            headers=auth,
+        )
+        assert created.status_code == 201, created.text
+        call_id = created.json()["id"]
+        await eventually(lambda: call_id in gateway.state.calls_by_id, timeout_s=10)
+        store = gateway.state.spend_store
+        assert store is not None
+
+        async def broken_heartbeat(*_: Any, **__: Any) -> None:
+            raise RuntimeError("a bug in the meter's path")
+
+        monkeypatch.setattr(store, "heartbeat", broken_heartbeat)
+        monkeypatch.setattr(store, "extend", broken_heartbeat)
+        await eventually(lambda: bool(brain.of_type(SessionEnd)), timeout_s=10)
+        end = brain.of_type(SessionEnd)[0]
+        assert isinstance(end, SessionEnd) and end.reason.value == "error"
+        sid = next(iter(fake.created_calls))
+        await eventually(lambda: callee.results.get(sid) is not None, timeout_s=10)
+        assert callee.results[sid].hung_up_by_provider
+        await eventually(lambda: call_id not in gateway.state.calls_by_id, timeout_s=10)
+        final = (await client.get(f"/v1/calls/{call_id}", headers=auth)).json()
+        assert final["status"] == "ended" and final["end_reason"] == "error"
+        assert final["spend"]["settled"] is not None
+        assert gateway.metric("rutster_call_task_failures_total", task="spend") == 1
 
 
 async def _inbound_call(gateway: RunningGateway, speech: bytes, seconds: float) -> Any:

@@ -10,10 +10,14 @@ from hypothesis import strategies as st
 
 from brains.tap import Usage
 from spend.meter import (
+    CEILING_INPUT_TOKENS_PER_S,
+    CEILING_OUTPUT_TOKENS_PER_S,
     CONTINUE,
     DEFAULT_HANGUP_GUARD_MS,
     EXPECTED_BRAIN_MICROS_PER_MINUTE,
     MAX_MODELS_PER_CALL,
+    REALTIME_CONTEXT_WINDOW_TOKENS,
+    REALTIME_MAX_OUTPUT_TOKENS,
     CallCaps,
     CallMeter,
     Continue,
@@ -22,13 +26,28 @@ from spend.meter import (
     MeterDecision,
     MeterSnapshot,
     QuantumPolicy,
+    UsageCeiling,
 )
-from spend.prices import PriceTable, TelephonyRate, TokenTotals, UnknownPrice
+from spend.money import MAX_MICROS
+from spend.prices import (
+    MAX_TOKEN_COUNT,
+    BrainRates,
+    PriceTable,
+    TelephonyRate,
+    TokenTotals,
+    UnknownPrice,
+)
 
 PRICES = PriceTable.default()
 T0 = 1_700_000_000_000  # unix ms: any origin works
 HOUR_S = 3_600
 TWILIO_IN = 12_500  # default twilio inbound, micros per started minute
+
+
+#: A ceiling no test report reaches (for tests of everything but the ceiling).
+NO_CEILING = UsageCeiling(
+    input_burst=MAX_TOKEN_COUNT, input_per_s=0, output_burst=MAX_TOKEN_COUNT, output_per_s=0
+)
 
 
 def meter(
@@ -39,6 +58,7 @@ def meter(
     max_cost: int = 10_000_000,
     policy: QuantumPolicy | None = None,
     prices: PriceTable = PRICES,
+    usage_ceiling: UsageCeiling | None = None,
 ) -> CallMeter:
     return CallMeter(
         prices,
@@ -47,6 +67,7 @@ def meter(
         started_ms=T0,
         caps=CallCaps(max_duration_s=max_duration_s, max_cost_micros=max_cost),
         quantum=policy,
+        usage_ceiling=usage_ceiling,
     )
 
 
@@ -181,14 +202,30 @@ def test_refused_extension_lives_on_the_reservation_then_ends() -> None:
     assert m.ended == End("budget_exhausted")
 
 
-def test_refused_extension_ends_when_the_brain_spends_the_reservation() -> None:
+def test_refused_extension_ends_when_the_brain_overspends_the_reservation() -> None:
     m = meter()
     m.on_reserved(m.first_quantum)
     m.on_usage("gpt-realtime", audio_out(44_800), T0 + 30_000)
     assert isinstance(m.decide(T0 + 30_000), Extend)
     m.on_extension_refused()
     m.on_usage("gpt-realtime", audio_out(12_800), T0 + 31_000)  # cost 70_100 == reserved
-    assert m.decide(T0 + 31_000) == End("budget_exhausted")
+    assert m.decide(T0 + 31_000) == CONTINUE  # spending exactly the reservation is allowed
+    m.on_usage("gpt-realtime", audio_out(64), T0 + 32_000)  # one token more
+    assert m.decide(T0 + 32_000) == End("budget_exhausted")
+    # Settled at the reservation; the token beyond it is the over_reservation anomaly.
+    m.stop(T0 + 33_000)
+    assert m.cost_ms(T0 + 33_000) == 70_164
+    assert m.settlement(T0 + 33_000) == 70_100
+    over = m.over_reservation(T0 + 33_000)
+    assert over is not None and over.kind == "over_reservation"
+    assert (over.cost, over.reserved, over.excess_micros) == (70_164, 70_100, 64)
+    assert over.payload() == {
+        "kind": "over_reservation",
+        "elapsed_ms": 33_000,
+        "cost": 70_164,
+        "reserved": 70_100,
+        "excess_micros": 64,
+    }
 
 
 def test_failed_extension_is_asked_again() -> None:
@@ -225,6 +262,40 @@ def test_telephony_only_budget_end_leaves_the_guard_before_the_next_minute() -> 
             break
     assert decisions == [(119_000, End("budget_exhausted"))]  # 119 s + 2 s guard > 120 s
     assert m.settlement(T0 + 119_000 + DEFAULT_HANGUP_GUARD_MS - 1_000) == 25_000
+
+
+def test_a_cap_of_exactly_one_increment_runs_that_whole_increment() -> None:
+    # max cost 0.0125 USD: one started minute of Twilio inbound (0.0085 + 0.004 streams).
+    m = meter(max_cost=TWILIO_IN)
+    assert m.first_quantum == TWILIO_IN
+    m.on_reserved(m.first_quantum)
+    tick = 0
+    while m.decide(T0 + tick) == CONTINUE:
+        tick += 1_000
+    # Ended at the first tick from which the guard reaches into the second minute
+    # (59 s: 58 s + 2 s is still the first minute), not at 1 s.
+    assert tick == 60_000 - DEFAULT_HANGUP_GUARD_MS + 1_000
+    assert m.decide(T0 + tick) == End("budget_exhausted")
+    m.stop(T0 + 60_000)  # the hang-up lands within the paid minute
+    assert m.settlement(T0 + 60_000) == TWILIO_IN  # settled at the cap
+    assert m.over_reservation(T0 + 60_000) is None
+
+
+@pytest.mark.parametrize("minutes", [1, 2, 5])
+def test_a_cap_of_whole_increments_pays_for_all_of_them(minutes: int) -> None:
+    m = meter(max_cost=minutes * TWILIO_IN)
+    m.on_reserved(m.first_quantum)
+    tick = 0
+    while True:
+        decision = m.decide(T0 + tick)
+        if isinstance(decision, Extend):
+            m.on_reserved(m.reserved + decision.amount)
+        elif decision != CONTINUE:
+            break
+        tick += 1_000
+    assert decision == End("budget_exhausted")
+    assert tick == minutes * 60_000 - DEFAULT_HANGUP_GUARD_MS + 1_000
+    assert m.settlement(T0 + minutes * 60_000) == minutes * TWILIO_IN == m.reserved
 
 
 def test_unaffordable_or_zero_budget_ends_at_once() -> None:
@@ -323,6 +394,162 @@ def test_snapshot() -> None:
     )
 
 
+# --- the usage ceiling ---------------------------------------------------------------------
+
+
+def test_usage_ceiling_defaults_are_the_documented_derivation() -> None:
+    # gpt-realtime: 32,000-token context re-billed at most once a second; 4,096 output
+    # tokens a response; assistant audio 1 token / 50 ms with a 4x margin.
+    assert REALTIME_CONTEXT_WINDOW_TOKENS == 32_000
+    assert REALTIME_MAX_OUTPUT_TOKENS == 4_096
+    assert CEILING_INPUT_TOKENS_PER_S == 32_000
+    assert CEILING_OUTPUT_TOKENS_PER_S == 4 * 20
+    ceiling = UsageCeiling()
+    assert ceiling.input_tokens(0) == 32_000
+    assert ceiling.input_tokens(1_500) == 32_000 + 48_000
+    assert ceiling.output_tokens(0) == 4_096
+    assert ceiling.output_tokens(60_001) == 4_096 + 4_801  # ceil(80 x 60.001)
+    assert ceiling.input_tokens(-5) == 32_000
+    assert UsageCeiling(input_burst=1, input_per_s=MAX_TOKEN_COUNT).input_tokens(10**6) == (
+        MAX_TOKEN_COUNT
+    )
+    with pytest.raises(ValueError, match="output_per_s"):
+        UsageCeiling(output_per_s=-1)
+
+
+def test_plausible_usage_is_billed_as_reported() -> None:
+    m = meter()
+    # A whole context and a whole response at once, before any call time.
+    report = TokenTotals(input_audio=30_000, input_text=2_000, cached_input=31_000)
+    assert m.on_usage("gpt-realtime", report + TokenTotals(output_audio=4_096), T0) is None
+    assert m.clamped_usage == 0 and m.clamped_micros == 0
+    assert m.tokens["gpt-realtime"] == report + TokenTotals(output_audio=4_096)
+
+
+def test_a_report_of_a_billion_tokens_is_clamped_billed_to_the_ceiling_and_flagged() -> None:
+    """The operator's finding: 10**9 audio tokens billed 32,000 USD on a 5 USD call."""
+    m = meter(max_cost=5_000_000)
+    m.on_reserved(m.first_quantum)
+    assert m.decide(T0 + 10_000) == CONTINUE
+    anomaly = m.on_tap_usage(Usage(model="gpt-realtime", input_audio_tokens=10**9), T0 + 10_000)
+    allowed = 32_000 + 10 * 32_000  # burst + 10 s of call
+    assert anomaly is not None and anomaly.kind == "over_ceiling"
+    assert anomaly.allowed == TokenTotals(input_audio=allowed)
+    assert anomaly.reported == TokenTotals(input_audio=10**9)
+    assert anomaly.excess_micros == (10**9 - allowed) * 32  # $32/1M audio in
+    assert anomaly.payload() == {
+        "kind": "over_ceiling",
+        "elapsed_ms": 10_000,
+        "reported_input_tokens": 10**9,
+        "allowed_input_tokens": allowed,
+        "excess_input_tokens": 10**9 - allowed,
+        "reported_output_tokens": 0,
+        "allowed_output_tokens": 0,
+        "excess_output_tokens": 0,
+        "excess_micros": (10**9 - allowed) * 32,
+    }
+    assert (m.clamped_usage, m.clamped_micros) == (1, anomaly.excess_micros)
+    # Not free: the ceiling's worth is billed ...
+    assert m.brain_cost == allowed * 32
+    # ... but the call never settles above its reservation (nor its cap).
+    assert m.decide(T0 + 10_000) == End("budget_exhausted")
+    m.stop(T0 + 11_000)
+    assert m.settlement(T0 + 11_000) == m.reserved == m.first_quantum
+    over = m.over_reservation(T0 + 11_000)
+    assert over is not None and over.excess_micros == m.cost_ms(T0 + 11_000) - m.reserved
+
+
+@pytest.mark.parametrize("count", [2**63 - 1, 2**63, 2**64 + 7, 10**4000])
+def test_counts_past_64_bits_never_raise_and_are_clamped(count: int) -> None:
+    m = meter(max_cost=5_000_000)
+    m.on_reserved(m.first_quantum)
+    usage = Usage(
+        model="gpt-realtime",
+        input_audio_tokens=count,
+        output_audio_tokens=count,
+        input_text_tokens=count,
+        output_text_tokens=count,
+        cached_input_tokens=count,
+    )
+    anomaly = m.on_tap_usage(usage, T0 + 1_000)
+    assert anomaly is not None and anomaly.kind == "over_ceiling"
+    assert anomaly.reported.output_audio == MAX_TOKEN_COUNT  # saturated, not refused
+    assert anomaly.allowed == TokenTotals(
+        input_audio=64_000, cached_input=64_000, output_audio=4_176
+    )  # the dearer classes first; cached within what was kept
+    assert anomaly.excess_micros == MAX_MICROS
+    payload = anomaly.payload()
+    assert payload["excess_output_tokens"] == 2 * MAX_TOKEN_COUNT - 4_176
+    assert m.on_tap_usage(usage, T0 + 1_000) is not None  # the ceiling is used up
+    assert m.clamped_usage == 2 and m.clamped_micros == MAX_MICROS
+    assert m.brain_cost == 64_000 * 400_000 // 1_000_000 + 4_176 * 64
+    m.stop(T0 + 2_000)
+    assert m.settlement(T0 + 2_000) <= m.reserved <= m.caps.max_cost_micros
+
+
+def test_negative_counts_of_a_hand_built_usage_read_as_zero() -> None:
+    m = meter()
+    assert m.on_tap_usage(Usage(input_audio_tokens=-5, output_text_tokens=3), T0) is None
+    assert m.tokens[None] == TokenTotals(output_text=3)
+
+
+def test_the_ceiling_is_cumulative_over_reports_and_models_and_grows_with_call_time() -> None:
+    m = meter()
+    assert m.on_usage("gpt-realtime", TokenTotals(output_audio=4_000), T0) is None
+    # A second model does not get an allowance of its own.
+    anomaly = m.on_usage("gpt-realtime-mini", TokenTotals(output_audio=200), T0)
+    assert anomaly is not None and anomaly.allowed == TokenTotals(output_audio=96)
+    assert anomaly.excess_micros == 104 * 20  # $20/1M mini audio out
+    # Each second of call adds 80 output tokens.
+    assert m.on_usage("gpt-realtime", TokenTotals(output_audio=80), T0 + 1_000) is None
+    clamped = m.on_usage("gpt-realtime", TokenTotals(output_audio=81), T0 + 2_000)
+    assert clamped is not None and clamped.allowed == TokenTotals(output_audio=80)
+    # Call time stops with the call: a late report only gets what the call carried.
+    m.stop(T0 + 3_000)
+    late = m.on_usage("gpt-realtime", TokenTotals(output_audio=500), T0 + 600_000)
+    assert late is not None and late.allowed == TokenTotals(output_audio=80)
+    assert late.elapsed_ms == 3_000
+    # Input has its own room, untouched by all of that.
+    assert m.on_usage(None, TokenTotals(input_text=32_000), T0 + 600_000) is None
+
+
+def test_a_clamp_keeps_the_dearer_class_first() -> None:
+    m = meter()
+    report = TokenTotals(input_text=30_000, input_audio=30_000, output_text=4_000, output_audio=100)
+    anomaly = m.on_usage("gpt-realtime", report, T0)
+    assert anomaly is not None
+    # gpt-realtime: audio in $32 > text in $4, audio out $64 > text out $16.
+    assert anomaly.allowed == TokenTotals(
+        input_audio=30_000, input_text=2_000, output_audio=100, output_text=3_996
+    )
+    cheap_audio = PriceTable(
+        telephony=dict(PRICES.telephony),
+        brains={"odd": BrainRates(10, 1, 5, 1, 10, 5)},  # text dearer than audio
+    )
+    odd = meter(prices=cheap_audio)
+    anomaly = odd.on_usage("odd", report, T0)
+    assert anomaly is not None
+    assert anomaly.allowed == TokenTotals(
+        input_text=30_000, input_audio=2_000, output_text=4_000, output_audio=96
+    )
+
+
+def test_late_usage_after_the_hang_up_settles_at_the_reservation() -> None:
+    m = meter(max_cost=5_000_000)
+    m.on_reserved(m.first_quantum)
+    assert m.decide(T0 + 30_000) == CONTINUE
+    m.stop(T0 + 30_000)
+    assert m.over_reservation(T0 + 30_000) is None
+    # response.done after the hang-up: plausible (within the ceiling), but above what
+    # was reserved, and there is no tick left to reserve more.
+    assert m.on_usage("gpt-realtime", audio_out(64_000), T0 + 31_000) is None
+    assert m.cost_ms(T0 + 31_000) == TWILIO_IN + 64_000
+    assert m.settlement(T0 + 31_000) == m.reserved == 70_100
+    over = m.over_reservation(T0 + 31_000)
+    assert over is not None
+    assert (over.cost, over.reserved, over.excess_micros) == (76_500, 70_100, 6_400)
+
+
 # --- properties -----------------------------------------------------------------------------
 
 _USAGE = st.builds(
@@ -368,6 +595,7 @@ def test_gate_simulation_invariants(
         max_duration_s=max_duration_s,
         max_cost=max_cost,
         policy=policy,
+        usage_ceiling=NO_CEILING,  # the ceiling has its own properties below
     )
     rate = PRICES.telephony_rate(*provider)
     m.on_reserved(m.first_quantum)
@@ -404,15 +632,15 @@ def test_gate_simulation_invariants(
             projected = rate.cost(elapsed + guard_ms) + brain
             if decision.reason == "max_duration":
                 assert elapsed >= max_duration_s * 1_000
-            else:  # never too early: the reservation (<= max cost) is spent or about to be
+            else:  # never too early: the reservation (<= max cost) is about to be passed
                 assert elapsed < max_duration_s * 1_000
-                assert cost >= m.reserved or projected > m.reserved
+                assert projected > m.reserved
             continue
-        # Never too late.
+        # Never too late (spending exactly the cap or the reservation is allowed).
         assert elapsed < max_duration_s * 1_000
-        assert cost < max_cost
+        assert cost <= max_cost
         if refused:
-            assert cost < m.reserved
+            assert cost <= m.reserved
         if isinstance(decision, Extend):
             assert in_flight is None, "a second Extend while one is in flight"
             assert 0 < decision.amount <= max_cost - m.reserved
@@ -468,12 +696,9 @@ def test_telephony_only_end_comes_at_the_right_tick(
     duration_ms = max_duration_s * 1_000
     # Whole increments the budget pays for: ceil(n * inc * rate / 60) <= max_cost.
     affordable = (max_cost * 60) // (increment_s * rate_per_minute)
-    # Increments after which the cost has reached the cap: ceil(n * inc * rate / 60) >= max_cost
-    # from n > (max_cost - 1) * 60 / (inc * rate) on.
-    reached_after = ((max_cost - 1) * 60) // (increment_s * rate_per_minute)
     # Budget deadline: the last instant from which a guard more stays within the paid
-    # increments, and before the cost reaches the cap.
-    deadline = min(affordable * inc_ms - guard_ms, reached_after * inc_ms)
+    # increments (all of them: reaching the cap exactly is allowed).
+    deadline = affordable * inc_ms - guard_ms
 
     tick = 0
     while True:
@@ -498,3 +723,71 @@ def test_telephony_only_end_comes_at_the_right_tick(
     if tick >= 1 and tick_ms <= guard_ms:
         assert m.settlement(started_ms + elapsed - tick_ms + guard_ms) <= max_cost
     assert m.reserved <= max_cost
+
+
+_COUNT = st.one_of(
+    st.none(),
+    st.integers(0, 5_000),
+    st.integers(0, 10**7),
+    st.sampled_from([10**9, 2**63 - 1, 2**63, 2**64, 10**30]),
+)
+_TAP_USAGE = st.builds(
+    Usage,
+    model=st.sampled_from(["gpt-realtime", "gpt-realtime-mini", "other", None]),
+    input_audio_tokens=_COUNT,
+    output_audio_tokens=_COUNT,
+    input_text_tokens=_COUNT,
+    output_text_tokens=_COUNT,
+    cached_input_tokens=_COUNT,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    max_cost=st.integers(0, 6_000_000),
+    steps=st.lists(
+        st.one_of(st.tuples(st.just("tick"), st.integers(0, 20_000)), _TAP_USAGE),
+        min_size=1,
+        max_size=30,
+    ),
+    grant=st.booleans(),
+    stop_after=st.integers(0, 30),
+)
+def test_no_report_makes_a_call_settle_above_its_reservation_or_cap(
+    max_cost: int, steps: list[tuple[str, int] | Usage], grant: bool, stop_after: int
+) -> None:
+    """Any reports, however large, at any time (after the hang-up too): nothing raises,
+    billed tokens stay within the ceiling, and the settlement within reservation and cap."""
+    m = meter(max_cost=max_cost)
+    m.on_reserved(m.first_quantum)
+    ceiling = m.usage_ceiling
+    now = T0
+    for i, step in enumerate(steps):
+        if i == stop_after:
+            m.stop(now)
+        if isinstance(step, Usage):
+            before = m.brain_cost
+            anomaly = m.on_tap_usage(step, now)
+            if anomaly is not None:
+                assert anomaly.kind == "over_ceiling"
+                assert 0 <= anomaly.excess_micros <= MAX_MICROS
+                assert anomaly.allowed != anomaly.reported
+            assert m.brain_cost >= before  # a clamped report is not free
+        else:
+            now += step[1]
+        decision = m.decide(now)
+        if isinstance(decision, Extend):
+            if grant:
+                m.on_reserved(m.reserved + decision.amount)
+            else:
+                m.on_extension_refused()
+        elapsed = m.elapsed_ms(now)
+        billed = list(m.tokens.values())
+        assert sum(t.input_tokens for t in billed) <= ceiling.input_tokens(elapsed)
+        assert sum(t.output_tokens for t in billed) <= ceiling.output_tokens(elapsed)
+        settled = m.settlement(now)
+        assert 0 <= settled <= m.reserved <= max_cost
+        over = m.over_reservation(now)
+        assert (over is None) == (m.cost_ms(now) <= m.reserved)
+        if over is not None:
+            assert settled + over.excess_micros == m.cost_ms(now)

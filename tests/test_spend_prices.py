@@ -15,6 +15,7 @@ from brains.tap import Usage
 from spend.prices import (
     GPT_REALTIME_MINI_RATES,
     GPT_REALTIME_RATES,
+    MAX_TOKEN_COUNT,
     BrainRates,
     PriceFileError,
     PriceTable,
@@ -213,6 +214,32 @@ def test_token_totals_from_usage_treats_none_as_zero() -> None:
     assert TokenTotals.from_usage(usage) == TokenTotals(
         input_audio=1, input_text=3, cached_input=0, output_audio=2, output_text=4
     )
+
+
+@pytest.mark.parametrize("count", [2**63, 2**64, 10**4000])
+def test_token_totals_from_usage_refuse_counts_past_64_bits(count: int) -> None:
+    with pytest.raises(ValueError, match=f"output_audio must be <= {MAX_TOKEN_COUNT}"):
+        TokenTotals.from_usage(Usage(output_audio_tokens=count))
+
+
+def test_saturated_token_totals_never_raise() -> None:
+    assert MAX_TOKEN_COUNT == 2**63 - 1
+    usage = Usage(
+        input_audio_tokens=2**63,
+        output_audio_tokens=10**4000,
+        input_text_tokens=-3,
+        output_text_tokens=7,
+        cached_input_tokens=None,
+    )
+    assert TokenTotals.saturated_from_usage(usage) == TokenTotals(
+        input_audio=MAX_TOKEN_COUNT, output_audio=MAX_TOKEN_COUNT, output_text=7
+    )
+    honest = Usage(input_audio_tokens=1, input_text_tokens=2, cached_input_tokens=3)
+    assert TokenTotals.saturated_from_usage(honest) == TokenTotals.from_usage(honest)
+    weird = Usage(input_audio_tokens=True, output_text_tokens=1.5)  # type: ignore[arg-type]
+    assert TokenTotals.saturated_from_usage(weird) == TokenTotals()
+    totals = TokenTotals(input_audio=5, input_text=6, output_audio=7, output_text=8)
+    assert (totals.input_tokens, totals.output_tokens) == (11, 15)
 
 
 def test_token_totals_reject_negatives_and_non_ints() -> None:

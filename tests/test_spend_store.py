@@ -28,6 +28,7 @@ from spend.store import (
     MONTH_KEY_TTL_S,
     RECEIPT_RETENTION_S,
     AdmitRequest,
+    HoldResult,
     RefusalReason,
     SpendStore,
     StoreUnavailable,
@@ -207,6 +208,31 @@ async def test_kill_switch_refuses_first(store: SpendStore) -> None:
     )
     await store.set_kill_switch(False)
     assert (await store.admit(req("call_b", quantum=0))).admitted
+
+
+async def test_a_refused_call_has_one_content_free_receipt(store: SpendStore) -> None:
+    await store.set_tenant_limits("acme", TenantLimits(budget_day=5_000))
+    refused = await store.admit(req("call_a"))  # the quantum (10_000) exceeds the budget
+    assert (refused.admitted, refused.reason) == (False, RefusalReason.BUDGET_DAY)
+    (receipt,) = await store.receipts("call_a")
+    receipt.pop("id")
+    assert receipt == {
+        "stage": "spend",
+        "type": "refused",
+        "reason": "budget_day",
+        "at_unix_ms": str(NOW),
+        "quantum": "10000",
+    }
+    ttl = await store.redis.ttl(store.keys.receipts("call_a"))
+    assert 0 < ttl <= RECEIPT_RETENTION_S
+    # The same request again gets the same answer, and no second receipt.
+    again = await store.admit(req("call_a"))
+    assert again.replayed and len(await store.receipts("call_a")) == 1
+    # A duplicate id refused for another tenant writes nothing on the existing call.
+    assert (await store.admit(req("call_b"))).reason == RefusalReason.BUDGET_DAY
+    other = await store.admit(req("call_b", tenant="other"))
+    assert other.reason == RefusalReason.DUPLICATE_CALL
+    assert len(await store.receipts("call_b")) == 1
 
 
 async def test_global_and_tenant_concurrency(store: SpendStore) -> None:
@@ -451,6 +477,35 @@ async def test_settle_unknown_and_refused_calls_change_nothing(store: SpendStore
     assert await day_totals(store) == (0, 0)
 
 
+async def test_hold_keeps_an_unconnected_call_from_the_reaper(store: SpendStore) -> None:
+    await store.admit(req("call_ring", lease_ms=1_000))
+    await store.admit(req("call_gone", lease_ms=1_000))
+    # Held past its first lease: the reaper leaves it; the one not held is reaped.
+    held = await store.hold("call_ring", NOW + 900, lease_ms=5_000)
+    assert (held.held, held.status) == (True, "admitted")
+    assert await store.redis.zscore(store.keys.active, "call_ring") == NOW + 5_900
+    assert await store.redis.zscore(store.keys.tenant("acme", "active"), "call_ring") == NOW + 5_900
+    assert await store.reap(NOW + 2_000) == 1
+    gone = await store.get_call("call_gone")
+    assert gone is not None and gone["end_reason"] == "lease_expired"
+    ringing = await store.get_call("call_ring")
+    assert ringing is not None and ringing["status"] == "admitted" and ringing["seq"] == 0
+    # A hold never shortens a lease, and never touches a call once it is not admitted.
+    await store.hold("call_ring", NOW, lease_ms=1_000)
+    assert await store.redis.zscore(store.keys.active, "call_ring") == NOW + 5_900
+    await store.update_call("call_ring", status="active")
+    assert await store.hold("call_ring", NOW + 3_000, lease_ms=60_000) == HoldResult(
+        False, "active"
+    )
+    assert await store.redis.zscore(store.keys.active, "call_ring") == NOW + 5_900
+    await store.settle("call_ring", 1, 0, NOW + 4_000, "no_answer")
+    assert await store.hold("call_ring", NOW + 5_000) == HoldResult(False, "ended")
+    assert await store.redis.zscore(store.keys.active, "call_ring") is None
+    assert await store.hold("call_none", NOW) == HoldResult(False, "unknown_call")
+    with pytest.raises(ValueError, match="lease_ms"):
+        await store.hold("call_ring", NOW, lease_ms=0)
+
+
 async def test_reap_settles_expired_leases_conservatively(store: SpendStore) -> None:
     for i in range(3):
         await store.admit(req(f"call_{i}", lease_ms=1_000))
@@ -565,6 +620,22 @@ async def test_limits_round_trip(store: SpendStore) -> None:
     await store.redis.hset(store.keys.tenant("acme", "limits"), "budget_day", "abc")
     with pytest.raises(LimitsError):
         await store.get_tenant_limits("acme")
+
+
+async def test_effective_limits_fill_defaults_field_by_field_and_write_nothing(
+    store: SpendStore,
+) -> None:
+    defaults = TenantLimits(budget_day=7, max_concurrent=8)
+    assert await store.effective_tenant_limits("fresh", defaults) == defaults
+    assert await store.redis.exists(store.keys.tenant("fresh", "limits")) == 0
+    assert "fresh" not in await store.tenants()
+    # A stored 0 is "unlimited", not "never set": it wins over the default.
+    await store.redis.hset(store.keys.tenant("part", "limits"), "budget_day", "0")
+    assert await store.effective_tenant_limits("part", defaults) == TenantLimits(
+        budget_day=0, max_concurrent=8
+    )
+    # What admission then stores is what was shown.
+    assert await store.ensure_tenant_limits("fresh", defaults) == defaults
 
 
 # -- failures ---------------------------------------------------------------------------

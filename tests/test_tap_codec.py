@@ -6,6 +6,7 @@ import base64
 import json
 import math
 import struct
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,9 @@ import pytest
 from brains.tap import (
     AUDIO_IN_BYTES,
     AUDIO_IN_SAMPLES,
+    BRAIN_DECLARATIONS,
+    DEFAULT_INTERRUPTIBLE,
+    DEFAULT_TURNS,
     MAX_AUDIO_OUT_SAMPLES,
     MAX_MESSAGE_BYTES,
     TAP_VERSION,
@@ -44,6 +48,7 @@ from brains.tap import (
     ToolSpec,
     ToolStatus,
     ToolsUpdate,
+    TurnOwner,
     UnknownTapEvent,
     Usage,
     event_direction,
@@ -51,10 +56,12 @@ from brains.tap import (
 )
 from tests.tap_fixtures import (
     InvalidCase,
+    LenientCase,
     fixture_names,
     load_fixture,
     load_fixture_json,
     load_invalid_cases,
+    load_lenient_cases,
 )
 from trunk.events import CallDirection
 
@@ -96,7 +103,10 @@ EXPECTED: dict[tuple[Direction, str], TapEvent] = {
         id="call_9Jr3", status=ToolStatus.NOT_IMPLEMENTED, result=None
     ),
     (C2B, "session_end"): SessionEnd(SessionEndReason.CALLER_HANGUP),
-    (B2C, "hello"): BrainHello(name="echo", version="0.1.0"),
+    (B2C, "hello"): BrainHello(name="echo", version="0.1.0", interruptible=False),
+    (B2C, "hello_turns_brain"): BrainHello(
+        name="duplex-s2s", version="2.3.1", interruptible=True, turns=TurnOwner.BRAIN
+    ),
     (B2C, "tools_update"): ToolsUpdate(
         (
             ToolSpec(
@@ -141,6 +151,7 @@ EXPECTED: dict[tuple[Direction, str], TapEvent] = {
 
 FIXTURES = sorted(EXPECTED)
 INVALID_CASES = load_invalid_cases()
+LENIENT_CASES = load_lenient_cases()
 
 
 def _id(key: tuple[Direction, str]) -> str:
@@ -204,6 +215,93 @@ def test_invalid_manifest_is_well_formed() -> None:
     # Every direction and most reasons are exercised.
     assert {case.direction for case in INVALID_CASES} == set(Direction)
     assert len({case.reason for case in INVALID_CASES}) >= 8
+
+
+@pytest.mark.parametrize("case", LENIENT_CASES, ids=[c.name for c in LENIENT_CASES])
+def test_lenient_case_decodes_to_its_fields(case: LenientCase) -> None:
+    event = TapDecoder(case.direction).decode(case.frame)
+    assert type(event).__name__ == case.event
+    got = {f.name: getattr(event, f.name) for f in dataclass_fields(event)}
+    assert json.loads(json.dumps(got)) == case.fields  # enums as values, tuples as arrays
+    assert set(case.fields) == set(got)  # every attribute is pinned
+
+
+def test_lenient_manifest_is_well_formed() -> None:
+    names = [case.name for case in LENIENT_CASES]
+    assert len(names) == len(set(names))
+    assert not set(names) & {case.name for case in INVALID_CASES}
+    # Both declarations are shown read as the default when their value is unknown.
+    ignored = {field for case in LENIENT_CASES for field in case.fields.get("ignored", [])}
+    assert ignored == set(BRAIN_DECLARATIONS)
+
+
+# ---- brain declarations (hello.interruptible, hello.turns) ---------------------
+
+
+def test_brain_declaration_defaults_are_todays_behaviour() -> None:
+    assert DEFAULT_INTERRUPTIBLE is True
+    assert DEFAULT_TURNS is TurnOwner.CORE
+    assert {owner.value for owner in TurnOwner} == {"core", "brain"}
+    assert BRAIN_DECLARATIONS == ("interruptible", "turns")
+    hello = BrainHello("b", "1")
+    assert (hello.interruptible, hello.turns, hello.ignored) == (True, TurnOwner.CORE, ())
+
+
+@pytest.mark.parametrize("interruptible", [True, False])
+@pytest.mark.parametrize("turns", list(TurnOwner))
+def test_brain_declarations_round_trip(interruptible: bool, turns: TurnOwner) -> None:
+    hello = BrainHello("b", "1", interruptible=interruptible, turns=turns)
+    frame = json.loads(TapEncoder(0).encode(hello, 0))
+    # Top-level, next to brain; always both, defaults included.
+    assert frame["interruptible"] is interruptible and frame["turns"] == turns.value
+    assert frame["brain"] == {"name": "b", "version": "1"}
+    decoded = TapDecoder(B2C).decode(json.dumps(frame))
+    assert decoded == hello
+    assert isinstance(decoded, BrainHello) and type(decoded.turns) is TurnOwner
+
+
+def test_encoder_accepts_a_plain_string_for_turns() -> None:
+    frame = json.loads(TapEncoder(0).encode(BrainHello("b", "1", turns="brain"), 0))  # type: ignore[arg-type]
+    assert frame["turns"] == "brain"
+
+
+@pytest.mark.parametrize(
+    "hello",
+    [
+        BrainHello("b", "1", turns="duplex"),  # type: ignore[arg-type]
+        BrainHello("b", "1", turns=None),  # type: ignore[arg-type]
+        BrainHello("b", "1", interruptible=0),  # type: ignore[arg-type]
+        BrainHello("b", "1", interruptible="false"),  # type: ignore[arg-type]
+    ],
+    ids=["turns_unknown", "turns_none", "interruptible_int", "interruptible_str"],
+)
+def test_encoder_refuses_a_declaration_the_core_would_ignore(hello: BrainHello) -> None:
+    encoder = TapEncoder(0)
+    with pytest.raises(TapProtocolError) as info:
+        encoder.encode(hello, 0)
+    assert info.value.reason == "bad_field"
+    assert encoder.next_seq == 0
+
+
+def test_encoder_never_writes_ignored() -> None:
+    hello = BrainHello("b", "1", ignored=("turns",))
+    frame = json.loads(TapEncoder(0).encode(hello, 0))
+    assert set(frame) == {"v", "type", "seq", "ts", "brain", "interruptible", "turns"}
+    assert TapDecoder(B2C).decode(json.dumps(frame)) == BrainHello("b", "1")
+
+
+def test_unknown_declaration_values_never_reject_the_hello() -> None:
+    # Whatever the values, the hello decodes: the brain's identity is kept.
+    values: list[Any] = ["", "Core", 0, 1.5, True, [], {}, None]
+    for value in values:
+        frame = _envelope("hello", brain={"name": "n", "version": "v"}, turns=value)
+        event = TapDecoder(B2C).decode(frame)
+        assert event == BrainHello("n", "v", ignored=("turns",)), value
+    values = ["true", 1, 0.0, None, [], {}]
+    for value in values:
+        frame = _envelope("hello", brain={"name": "n", "version": "v"}, interruptible=value)
+        event = TapDecoder(B2C).decode(frame)
+        assert event == BrainHello("n", "v", ignored=("interruptible",)), value
 
 
 # ---- limits and framing --------------------------------------------------------

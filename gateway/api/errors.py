@@ -137,9 +137,19 @@ def unauthorized(message: str) -> ApiError:
     )
 
 
-def forbidden(message: str) -> ApiError:
-    """403: authenticated, but this key may not do that."""
-    return ApiError(403, CODE_FORBIDDEN, message)
+def forbidden(message: str, field: str | None = None) -> ApiError:
+    """403: authenticated, but this key may not do that (``field``: the parameter at fault)."""
+    return ApiError(403, CODE_FORBIDDEN, message, field=field)
+
+
+def method_not_allowed(method: str, path: str, allow: str) -> ApiError:
+    """405 with ``Allow`` (RFC 9110 §15.5.6: a 405 MUST list the methods the resource has)."""
+    return ApiError(
+        405,
+        CODE_METHOD_NOT_ALLOWED,
+        f"{method[:20]} is not allowed on {path[:100]}; allowed: {allow}",
+        headers={"Allow": allow},
+    )
 
 
 def not_found(message: str) -> ApiError:

@@ -15,6 +15,7 @@ from gateway.api.schemas import (
     CALL_ID_PATTERN,
     CALLS_QUERY_SCHEMA,
     JSON_SCHEMA_DIALECT,
+    MAX_METADATA_JSON_BYTES,
     REQUEST_SCHEMAS,
     RESPONSE_SCHEMAS,
     SPEND_QUERY_SCHEMA,
@@ -41,7 +42,13 @@ _ERROR_RESPONSES: dict[str, tuple[str, dict[str, Any]]] = {
         "Missing, malformed, unknown or revoked API key (`unauthorized`).",
         {"WWW-Authenticate": {"schema": {"type": "string"}}},
     ),
-    "Forbidden": ("This key may not do that (`forbidden`).", {}),
+    "Forbidden": (
+        "This key may not do that (`forbidden`): an admin operation with a tenant key, "
+        "another tenant named with a tenant key, or a call placed or a tenant read with the "
+        "operator's admin key, which has no tenant, without naming one (`?tenant=`). "
+        "`field` names the parameter at fault, if any.",
+        {},
+    ),
     "NotFound": ("No such resource visible to this key (`not_found`).", {}),
     "Conflict": ("The resource's state does not allow this (`conflict`).", {}),
     "ProviderError": (
@@ -85,6 +92,19 @@ _STATUS_OF = {
     "RateLimited": "429",
     "Unavailable": "503",
     "ProviderError": "502",
+}
+
+#: One event of the dashboard stream. Per event, not per body: OpenAPI 3.1 has no
+#: way to say so (3.2 adds ``itemSchema``), and tools such as schemathesis validate
+#: each event of a text/event-stream against ``schema``.
+_SSE_SNAPSHOT_EVENT: Schema = {
+    "type": "object",
+    "description": "One server-sent event: `event: snapshot`, the snapshot as JSON in `data`.",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"const": "snapshot"},
+        "data": {"type": "string", "contentMediaType": _JSON},
+    },
 }
 
 # Errors every authenticated endpoint can answer.
@@ -143,8 +163,11 @@ def _operation(
     body: dict[str, Any] | None = None,
     parameters: list[dict[str, Any]] | None = None,
     public: bool = False,
+    description: str | None = None,
 ) -> dict[str, Any]:
     operation: dict[str, Any] = {"operationId": operation_id, "summary": summary}
+    if description is not None:
+        operation["description"] = description
     if parameters:
         operation["parameters"] = parameters
     if body is not None:
@@ -172,12 +195,21 @@ def _paths() -> dict[str, Any]:
                 {"201": _json_response("The call was admitted and is being placed.", "Call")},
                 errors=("Refused", "Forbidden", "Conflict", "ProviderError"),
                 body=_body("CreateCallRequest", "The call to place."),
+                description=(
+                    "Places the call for the key's tenant (the operator's admin key has none: "
+                    "403). Besides the schema, 422 "
+                    "also answers a `brain` name this gateway has not configured, a brain "
+                    "URL off its allowlist, and `metadata` over "
+                    f"{MAX_METADATA_JSON_BYTES} bytes as compact UTF-8 JSON. 409: the "
+                    "provider is not set up on this gateway (Twilio credentials, a "
+                    "connected SIP worker)."
+                ),
             ),
             "get": _operation(
                 "listCalls",
-                "List this tenant's calls, newest first.",
+                "List a tenant's calls, newest first (the key's own tenant, or `?tenant=`).",
                 {"200": _json_response("One page of calls.", "CallList")},
-                errors=("InvalidRequest",),
+                errors=("InvalidRequest", "Forbidden"),
                 parameters=_query_parameters(CALLS_QUERY_SCHEMA),
             ),
         },
@@ -187,7 +219,7 @@ def _paths() -> dict[str, Any]:
                 "getCall",
                 "One call, with its content-free receipts.",
                 {"200": _json_response("The call.", "Call")},
-                errors=("NotFound",),
+                errors=("NotFound", "InvalidRequest"),
             ),
             "delete": _operation(
                 "hangUpCall",
@@ -199,9 +231,16 @@ def _paths() -> dict[str, Any]:
         "/v1/spend": {
             "get": _operation(
                 "getSpend",
-                "This tenant's spend: today, this month, per day and per hour.",
-                {"200": _json_response("Spend report (USD).", "Spend")},
-                errors=("InvalidRequest",),
+                "A tenant's spend: today, this month, per day and per hour (the key's own "
+                "tenant, or `?tenant=`).",
+                {
+                    "200": _json_response(
+                        "Spend report (USD). Budgets are the enforced ones: the tenant's "
+                        "limits, else the gateway's defaults.",
+                        "Spend",
+                    )
+                },
+                errors=("InvalidRequest", "Forbidden"),
                 parameters=_query_parameters(SPEND_QUERY_SCHEMA),
             ),
         },
@@ -210,7 +249,13 @@ def _paths() -> dict[str, Any]:
             "get": _operation(
                 "getTenantLimits",
                 "A tenant's limits (admin, or that tenant's own key).",
-                {"200": _json_response("The limits; 0 means unlimited.", "TenantLimits")},
+                {
+                    "200": _json_response(
+                        "The enforced limits (the tenant's own, else the gateway's "
+                        "defaults); 0 means unlimited.",
+                        "TenantLimits",
+                    )
+                },
                 errors=("Forbidden", "InvalidRequest"),
             ),
             "put": _operation(
@@ -251,8 +296,11 @@ def _paths() -> dict[str, Any]:
                 "Server-sent events: one `snapshot` event per second for the dashboard.",
                 {
                     "200": {
-                        "description": "An endless text/event-stream of `snapshot` events.",
-                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                        "description": (
+                            "An endless text/event-stream of `snapshot` events (comment "
+                            "lines while the spend store is unavailable)."
+                        ),
+                        "content": {"text/event-stream": {"schema": _SSE_SNAPSHOT_EVENT}},
                     }
                 },
             ),
@@ -306,7 +354,9 @@ def build_openapi(server_url: str | None = None) -> dict[str, Any]:
             "version": _api_version(),
             "description": (
                 "Place AI voice calls and watch their spend. Money is a decimal string in "
-                'USD. Every error answer is `{"error": {"code", "message", "field"}}`.'
+                'USD. Every error answer is `{"error": {"code", "message", "field"}}`. '
+                "Every path answers `OPTIONS` (no key needed) with 204 and `Allow`; a "
+                "method a path does not serve gets 405 (`method_not_allowed`) with `Allow`."
             ),
         },
         "security": [{"bearerAuth": []}],

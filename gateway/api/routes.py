@@ -5,12 +5,16 @@ rate limit, validates its input with the JSON Schemas of
 :mod:`gateway.api.schemas` (the same ones the OpenAPI document publishes), and
 answers JSON. Errors have one shape (:mod:`gateway.api.errors`). A tenant key
 sees only its own calls and spend: another tenant's call is a 404, not a 403,
-so ids cannot be probed.
+so ids cannot be probed; naming another tenant (``?tenant=``, a tenant's
+limits) is a 403 whether that tenant exists or not. The operator's admin key
+has no tenant: its reads name one (``?tenant=``). Each path is one
+:class:`~gateway.api.dispatch.Resource`: OPTIONS and 405 list all its methods.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -19,7 +23,7 @@ from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 from brains.tap import SessionEndReason
 from gateway.api.api_keys import (
@@ -29,13 +33,14 @@ from gateway.api.api_keys import (
     Principal,
     parse_bearer,
 )
+from gateway.api.dispatch import allow_header, resource
 from gateway.api.errors import (
-    CODE_METHOD_NOT_ALLOWED,
     ApiError,
     conflict,
     error_response,
     forbidden,
     invalid_request,
+    method_not_allowed,
     not_found,
     provider_error,
     rate_limited,
@@ -63,6 +68,7 @@ from gateway.api.validation import (
     require_json_content_type,
 )
 from gateway.config import public_http_url
+from gateway.media_session import release_if_never_connected
 from gateway.spend_context import SpendContext
 from gateway.state import GatewayState
 from spend.gate import Admission, AdmissionRequest, new_call_id, wall_ms
@@ -80,6 +86,11 @@ QUERY_CALL = "rutster_call"
 #: Let an outbound call ring this long before Twilio gives up (Twilio's own default is
 #: 60 s; 30 s is what a person waits; seed decision).
 RING_TIMEOUT_S = 30
+#: How long after its ring timeout a placed call still waits for an answer or a final status
+#: callback before it is cancelled and settled at zero. Seed decision: Twilio's ``Timeout``
+#: counts from when ringing starts, after the call may have waited in the account's
+#: calls-per-second queue; a minute covers that and the callback's delivery.
+PLACED_CALL_STATUS_MARGIN_S = 60
 #: ``provider_call_id`` of a SIP call the API placed: the worker that dials it.
 SIP_CALL_PREFIX = "sip-worker:"
 #: Twilio's ``TimeLimit`` is our max duration plus this margin: a second line of
@@ -160,6 +171,22 @@ def _tenant_of(principal: Principal) -> str:
     return principal.tenant
 
 
+def _acting_tenant(principal: Principal, named: str | None) -> str:
+    """The tenant a read acts for: the one named by ``?tenant=``, else the key's own.
+
+    403 (``field: tenant``) for a tenant key naming another tenant, and for the
+    operator's admin key naming none: it has no tenant of its own (an admin-role
+    key issued through the API has one).
+    """
+    if named is not None:
+        if not principal.may_see_tenant(named):
+            raise forbidden(f"this key may not see tenant {named}", "tenant")
+        return named
+    if principal.tenant is None:
+        raise forbidden("this key has no tenant of its own: name one with ?tenant=<id>", "tenant")
+    return principal.tenant
+
+
 def call_status(record: CallRecord) -> str:
     """The API status of a stored call."""
     status = record["status"]
@@ -208,11 +235,12 @@ def call_resource(record: CallRecord, *, live_cost: int | None = None) -> dict[s
 
 
 def live_cost(state: GatewayState, call_id: str) -> int | None:
-    """The running cost of a call this process holds (None elsewhere)."""
+    """What a call this process holds would settle at now (None elsewhere): its running
+    cost, never above its reservation (``CallMeter.settlement``)."""
     call = state.calls_by_id.get(call_id)
     if call is None or call.spend is None:
         return None
-    return call.spend.meter.cost_ms(round(call.clock_ms()))
+    return call.spend.meter.settlement(round(call.clock_ms()))
 
 
 async def _own_call(request: Request, principal: Principal) -> CallRecord:
@@ -298,10 +326,31 @@ async def create_call(request: Request, principal: Principal) -> Response:
         return error_response(provider_error(f"Twilio did not place the call ({exc.reason})"))
     assert state.spend_store is not None
     await state.spend_store.update_call(admission.call_id, provider_call_id=created.sid)
+    # Held (never reaped at its reservation) while it rings; settled by the status
+    # callback, or at zero if neither an answer nor a final status comes in time.
+    state.watch_media_connect(
+        admission.call_id,
+        release_if_never_connected(
+            state,
+            admission.call_id,
+            RING_TIMEOUT_S + PLACED_CALL_STATUS_MARGIN_S,
+            reason="no_answer",
+            give_up=functools.partial(_cancel_ringing, control, admission.call_id, created.sid),
+        ),
+    )
     record = await state.spend_store.get_call(admission.call_id)
     if record is None:  # pragma: no cover - just written; only a flush of Redis loses it
         raise unavailable()
     return JSONResponse(call_resource(record), status_code=201)
+
+
+async def _cancel_ringing(control: TwilioCallControl, call_id: str, sid: str) -> None:
+    """Best effort: cancel a placed call that neither connected nor reported how it ended,
+    so it cannot be answered once its admission is released."""
+    try:
+        await control.cancel_or_hang_up(sid)
+    except CallControlFailure as exc:
+        log.warning("call %s: could not cancel the unanswered call (%s)", call_id, exc.reason)
 
 
 async def _dial_sip(
@@ -341,8 +390,8 @@ async def _dial_sip(
 async def list_calls(request: Request, principal: Principal) -> Response:
     """``GET /v1/calls``: the tenant's calls, newest first, paginated."""
     state = _state(request)
-    tenant = _tenant_of(principal)
     query = parse_calls_query(request.query_params.multi_items())
+    tenant = _acting_tenant(principal, query.tenant)
     assert state.spend_store is not None
     try:
         records, cursor = await state.spend_store.list_calls(
@@ -435,15 +484,17 @@ async def get_spend(request: Request, principal: Principal) -> Response:
     """``GET /v1/spend``: today's and this month's totals against budgets, by day and hour."""
     state = _state(request)
     query = parse_spend_query(request.query_params.multi_items())
-    if query.tenant is not None and not principal.may_see_tenant(query.tenant):
-        raise not_found(f"no tenant {query.tenant}")
-    tenant = query.tenant or _tenant_of(principal)
+    tenant = _acting_tenant(principal, query.tenant)
     body = await tenant_spend(state, tenant, days=query.days)
     return JSONResponse(body)
 
 
 async def tenant_spend(state: GatewayState, tenant: str, *, days: int) -> dict[str, Any]:
-    """The ``Spend`` resource of ``tenant`` over the last ``days`` days and 24 hours."""
+    """The ``Spend`` resource of ``tenant`` over the last ``days`` days and 24 hours.
+
+    Budgets are the enforced ones: the tenant's stored limits, else the
+    gateway's defaults (read without storing them).
+    """
     store = state.spend_store
     assert store is not None
     now = datetime.now(UTC)
@@ -451,7 +502,7 @@ async def tenant_spend(state: GatewayState, tenant: str, *, days: int) -> dict[s
     hour_list = [(now - timedelta(hours=n)).strftime("%Y%m%d%H") for n in range(23, -1, -1)]
     today, month, _ = time_buckets(wall_ms())
     spend = await store.tenant_spend(tenant, days=day_list, months=[month], hours=hour_list)
-    limits = await store.get_tenant_limits(tenant)
+    limits = await tenant_limits(state, tenant)
     return {
         "tenant": tenant,
         "currency": "USD",
@@ -485,6 +536,14 @@ def _period(totals: SpendTotals | None, budget: int) -> dict[str, Any]:
     }
 
 
+async def tenant_limits(state: GatewayState, tenant: str) -> TenantLimits:
+    """The limits admission enforces for ``tenant`` (stored, else defaults), without a write."""
+    assert state.spend_store is not None and state.spend_gate is not None
+    return await state.spend_store.effective_tenant_limits(
+        tenant, state.spend_gate.policy.default_limits
+    )
+
+
 def limits_resource(tenant: str, limits: TenantLimits) -> dict[str, Any]:
     """The ``TenantLimits`` resource."""
     out: dict[str, Any] = {"tenant": tenant}
@@ -494,13 +553,12 @@ def limits_resource(tenant: str, limits: TenantLimits) -> dict[str, Any]:
 
 
 async def get_limits(request: Request, principal: Principal) -> Response:
-    """``GET /v1/tenants/{id}/limits`` (admin, or that tenant)."""
+    """``GET /v1/tenants/{id}/limits`` (admin, or that tenant): the enforced limits."""
     state = _state(request)
     tenant = check_path_param("id", request.path_params["id"], TENANT_ID_PATTERN)
     if not principal.may_see_tenant(tenant):
-        raise not_found(f"no tenant {tenant}")
-    assert state.spend_gate is not None
-    return JSONResponse(limits_resource(tenant, await state.spend_gate.tenant_limits(tenant)))
+        raise forbidden(f"this key may not see tenant {tenant}", "id")
+    return JSONResponse(limits_resource(tenant, await tenant_limits(state, tenant)))
 
 
 async def put_limits(request: Request, principal: Principal) -> Response:
@@ -513,8 +571,8 @@ async def put_limits(request: Request, principal: Principal) -> Response:
     changes = {
         name: parse_money(value) if name in MONEY_LIMITS else value for name, value in body.items()
     }
-    assert state.spend_gate is not None and state.spend_store is not None
-    current = await state.spend_gate.tenant_limits(tenant)
+    assert state.spend_store is not None
+    current = await tenant_limits(state, tenant)
     try:
         updated = current.merged(changes)
     except LimitsError as exc:
@@ -571,34 +629,41 @@ async def openapi_document(request: Request) -> Response:
 
 
 def unrouted(request: Request, exc: Exception) -> Response:
-    """404/405 under ``/v1`` in the API's JSON error shape (elsewhere: Starlette's text)."""
+    """404/405 under ``/v1`` in the API's JSON error shape (elsewhere: Starlette's text).
+
+    A 405 here comes from a plain single-route ``/v1`` path (the dashboard feed):
+    OPTIONS is answered 204 there too, and ``Allow`` lists OPTIONS with the route's
+    methods, as on every :class:`~gateway.api.dispatch.Resource`.
+    """
     status = getattr(exc, "status_code", 404)
     if not request.url.path.startswith("/v1/"):
         return PlainTextResponse(getattr(exc, "detail", "Not Found"), status_code=status)
     if status == 405:
-        error = ApiError(
-            405,
-            CODE_METHOD_NOT_ALLOWED,
-            f"{request.method} is not allowed on {request.url.path[:100]}",
-            headers=dict(getattr(exc, "headers", None) or {}),
-        )
-    else:
-        error = not_found(f"no API endpoint {request.url.path[:100]}")
-    return error_response(error)
+        routed = (getattr(exc, "headers", None) or {}).get("Allow", "")
+        allow = allow_header(m.strip() for m in routed.split(",") if m.strip())
+        if request.method == "OPTIONS":
+            return Response(status_code=204, headers={"Allow": allow})
+        return error_response(method_not_allowed(request.method, request.url.path, allow))
+    return error_response(not_found(f"no API endpoint {request.url.path[:100]}"))
 
 
 def api_routes() -> list[BaseRoute]:
-    """Every ``/v1`` route."""
+    """Every ``/v1`` route: one per path, holding all of the path's methods."""
     return [
-        Route("/v1/openapi.json", openapi_document, methods=["GET"]),
-        Route("/v1/calls", api_endpoint(create_call), methods=["POST"]),
-        Route("/v1/calls", api_endpoint(list_calls), methods=["GET"]),
-        Route("/v1/calls/{id}", api_endpoint(get_call), methods=["GET"]),
-        Route("/v1/calls/{id}", api_endpoint(delete_call), methods=["DELETE"]),
-        Route("/v1/spend", api_endpoint(get_spend), methods=["GET"]),
-        Route("/v1/tenants/{id}/limits", api_endpoint(get_limits), methods=["GET"]),
-        Route("/v1/tenants/{id}/limits", api_endpoint(put_limits), methods=["PUT"]),
-        Route("/v1/admin/keys", api_endpoint(create_key), methods=["POST"]),
-        Route("/v1/admin/kill-switch", api_endpoint(get_kill_switch), methods=["GET"]),
-        Route("/v1/admin/kill-switch", api_endpoint(put_kill_switch), methods=["PUT"]),
+        resource("/v1/openapi.json", {"GET": openapi_document}),
+        resource("/v1/calls", {"POST": api_endpoint(create_call), "GET": api_endpoint(list_calls)}),
+        resource(
+            "/v1/calls/{id}",
+            {"GET": api_endpoint(get_call), "DELETE": api_endpoint(delete_call)},
+        ),
+        resource("/v1/spend", {"GET": api_endpoint(get_spend)}),
+        resource(
+            "/v1/tenants/{id}/limits",
+            {"GET": api_endpoint(get_limits), "PUT": api_endpoint(put_limits)},
+        ),
+        resource("/v1/admin/keys", {"POST": api_endpoint(create_key)}),
+        resource(
+            "/v1/admin/kill-switch",
+            {"GET": api_endpoint(get_kill_switch), "PUT": api_endpoint(put_kill_switch)},
+        ),
     ]

@@ -78,8 +78,9 @@ MAX_CAMPAIGN_CALLS_PER_MINUTE = 6_000
 #: Largest page of calls (design.md: limit 1..200, default 50).
 MAX_PAGE_LIMIT = 200
 DEFAULT_PAGE_LIMIT = 50
-#: Longest pagination cursor: opaque, produced by the store (design.md).
-MAX_CURSOR_CHARS = 128
+#: Digits of a pagination cursor's position: Redis sorted-set scores are doubles,
+#: exact for integers up to 2**53 (16 digits); the store's scores are Unix ms (13).
+MAX_CURSOR_SCORE_DIGITS = len(str(2**53))
 #: Spend history window (design.md: days 1..90, default 7): the day buckets
 #: expire after 40 days, months after 400; 90 days still reads month totals.
 MAX_SPEND_DAYS = 90
@@ -100,8 +101,13 @@ SIP_URI_PATTERN = rf"^sips?:(?:{_SIP_USER})?{_SIP_HOST}(?::[0-9]{{1,5}})?(?:;[A-
 CALL_TO_PATTERN = f"^(?:{E164_PATTERN[1:-1]}|{SIP_URI_PATTERN[1:-1]})$"
 #: A configured brain name (design.md).
 BRAIN_NAME_PATTERN = rf"^[a-z][a-z0-9_-]{{0,{MAX_BRAIN_NAME_CHARS - 1}}}$"
+#: A character of a brain URL: printable ASCII except space and the three the tap
+#: allowlist never admits (``?`` query, ``#`` fragment, ``%`` escapes;
+#: gateway/tap_allowlist.py). An explicit ASCII class, not ``[^\s]``: Python's and
+#: ECMA-262's ``\s`` differ (\x1c-\x1f, \x85, \ufeff), and neither excludes controls.
+_BRAIN_URL_CHAR = r'[!-"$&->@-~]'
 #: A brain: a configured name or a ws(s) URL (the tap allowlist checks the host).
-BRAIN_PATTERN = rf"^(?:{BRAIN_NAME_PATTERN[1:-1]}|wss?://[^\s]+)$"
+BRAIN_PATTERN = rf"^(?:{BRAIN_NAME_PATTERN[1:-1]}|wss?://{_BRAIN_URL_CHAR}+)$"
 CAMPAIGN_PATTERN = rf"^[A-Za-z0-9_.-]{{1,{MAX_CAMPAIGN_CHARS}}}$"
 TENANT_ID_PATTERN = rf"^[a-z0-9][a-z0-9_-]{{0,{TENANT_ID_MAX_CHARS - 1}}}$"
 #: Any USD amount: up to 7 integer digits, up to 6 decimals.
@@ -114,12 +120,15 @@ _CALL_COST_BODY = (
 CALL_COST_PATTERN = f"^{_CALL_COST_BODY}$"
 #: A per-call cost cap in a call request: > 0 (a zero cap could never place the call).
 POSITIVE_CALL_COST_PATTERN = rf"^(?![0.]+$){_CALL_COST_BODY}$"
-#: Metadata keys and key labels: no control characters (they end up in dashboards and logs).
-METADATA_KEY_PATTERN = rf"^[^\u0000-\u001f\u007f]{{1,{MAX_METADATA_KEY_CHARS}}}$"
-KEY_LABEL_PATTERN = rf"^[^\u0000-\u001f\u007f]{{1,{MAX_KEY_LABEL_CHARS}}}$"
-#: Pagination cursor: printable ASCII, no spaces.
-CURSOR_PATTERN = rf"^[!-~]{{1,{MAX_CURSOR_CHARS}}}$"
+#: Metadata keys and key labels: no control characters, C0, DEL or C1 (they end up in
+#: dashboards and logs, where C1's CSI starts a terminal escape).
+_NO_CONTROL = r"[^\u0000-\u001f\u007f-\u009f]"
+METADATA_KEY_PATTERN = rf"^{_NO_CONTROL}{{1,{MAX_METADATA_KEY_CHARS}}}$"
+KEY_LABEL_PATTERN = rf"^{_NO_CONTROL}{{1,{MAX_KEY_LABEL_CHARS}}}$"
 CALL_ID_PATTERN = rf"^call_[0-9a-f]{{1,{MAX_CALL_ID_HEX}}}$"
+#: Pagination cursor: ``<created ms>:<call id>``, the position the store resumes from
+#: (spend/store.py ``_decode_cursor``). Any cursor of this shape is a valid position.
+CURSOR_PATTERN = rf"^[0-9]{{1,{MAX_CURSOR_SCORE_DIGITS}}}:{CALL_ID_PATTERN[1:-1]}$"
 #: An API key: ``rk_live_`` + 32 URL-safe base64 characters (24 random bytes).
 API_KEY_PATTERN = r"^rk_live_[A-Za-z0-9_-]{32}$"
 #: Calendar day and hour labels in spend reports.
@@ -135,7 +144,8 @@ PATTERN_HINTS: dict[str, str] = {
     ),
     BRAIN_PATTERN: (
         "must be a configured brain name (lowercase letters, digits, '_' or '-', "
-        f"starting with a letter, at most {MAX_BRAIN_NAME_CHARS} chars) or a ws:// or wss:// URL"
+        f"starting with a letter, at most {MAX_BRAIN_NAME_CHARS} chars) or a ws:// or wss:// URL "
+        "(printable ASCII; no spaces, query, fragment or %-escapes)"
     ),
     CAMPAIGN_PATTERN: (
         f"must be 1..{MAX_CAMPAIGN_CHARS} characters: letters, digits, '_', '.' or '-'"
@@ -160,9 +170,7 @@ PATTERN_HINTS: dict[str, str] = {
         f"must be 1..{MAX_METADATA_KEY_CHARS} characters without control characters"
     ),
     KEY_LABEL_PATTERN: f"must be 1..{MAX_KEY_LABEL_CHARS} characters without control characters",
-    CURSOR_PATTERN: (
-        f"must be the next_cursor of a previous page (1..{MAX_CURSOR_CHARS} printable characters)"
-    ),
+    CURSOR_PATTERN: "must be the next_cursor of a previous page",
     CALL_ID_PATTERN: "must be a call id like call_0123abcd",
     API_KEY_PATTERN: "must be an API key: rk_live_ followed by 32 URL-safe characters",
     DAY_PATTERN: "must be a day like 2026-11-30",
@@ -319,6 +327,15 @@ CALLS_QUERY_SCHEMA: Schema = {
             "default": DEFAULT_PAGE_LIMIT,
         },
         "cursor": {"type": "string", "pattern": CURSOR_PATTERN},
+        "tenant": {
+            "type": "string",
+            "pattern": TENANT_ID_PATTERN,
+            "description": (
+                "Whose calls; by default the key's own tenant. The operator's admin key has "
+                "none and must name one (403 without); a tenant key may name only its own "
+                "(403 for another)."
+            ),
+        },
     },
 }
 
@@ -337,7 +354,11 @@ SPEND_QUERY_SCHEMA: Schema = {
         "tenant": {
             "type": "string",
             "pattern": TENANT_ID_PATTERN,
-            "description": "Admin keys only: whose spend (a tenant key always sees its own).",
+            "description": (
+                "Whose spend; by default the key's own tenant. The operator's admin key has "
+                "none and must name one (403 without); a tenant key may name only its own "
+                "(403 for another)."
+            ),
         },
     },
 }

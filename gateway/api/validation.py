@@ -1,8 +1,10 @@
 """Request validation: bytes and query strings in, checked dicts out, or an :class:`ApiError`.
 
 Bodies are parsed strictly (UTF-8, one JSON object, no duplicate keys, no
-NaN/Infinity, no giant integers) and then checked against the schemas in
-:mod:`gateway.api.schemas` with ``jsonschema`` (draft 2020-12). When several
+NaN/Infinity, no giant integers, no lone surrogates) and then checked against
+the schemas in :mod:`gateway.api.schemas` with ``jsonschema`` (draft 2020-12).
+A number with a zero fractional part (``6000.0``, ``6e3``) is an integer, as in
+JSON Schema 2020-12, and is handed on as a Python ``int``. When several
 things are wrong, ``jsonschema.exceptions.best_match`` picks one
 deterministically (the shallowest error first: an unknown top-level field beats
 a bad nested value), and the message names the field (``limits.max_cost``) and
@@ -17,6 +19,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, NoReturn
 
 from jsonschema import Draft202012Validator, validators
@@ -66,8 +69,9 @@ _TYPE_WORDS = {
 
 
 def _is_strict_integer(_checker: object, instance: object) -> bool:
-    # JSON Schema counts 60.0 as an integer; Redis and the spend gate do not, so
-    # a float is refused here instead of failing later as "60.0".
+    # Integral numbers (60.0) are already ints (see _parse_float), so a float here
+    # has a fractional part, even if float rounding hid it (1e-400 reads as 0.0,
+    # which jsonschema's own check would take for an integer).
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
@@ -162,14 +166,25 @@ def _reject_constant(name: str) -> NoReturn:
     raise _BadJson(f"{name} is not valid JSON (numbers must be finite)")
 
 
-def _parse_int(literal: str) -> int:
-    digits = len(literal.lstrip("-"))
+def _check_digits(digits: int) -> None:
     if digits > MAX_INTEGER_DIGITS:
         raise _BadJson(f"a number has {digits} digits; at most {MAX_INTEGER_DIGITS} are accepted")
+
+
+def _parse_int(literal: str) -> int:
+    _check_digits(len(literal.lstrip("-")))
     return int(literal)
 
 
-def _parse_float(literal: str) -> float:
+def _parse_float(literal: str) -> float | int:
+    # JSON Schema 2020-12 (validation §6.1.1): "integer" is any number with a zero
+    # fractional part, so 6000.0 and 6e3 are integers. Decided on the exact decimal
+    # value (Decimal parses the literal exactly; float would call 60.0000000000000001
+    # an integer), and bounded like integer literals before int() builds it.
+    exact = Decimal(literal)
+    if exact == exact.to_integral_value():
+        _check_digits(exact.adjusted() + 1 if exact else 1)
+        return int(exact)
     value = float(literal)
     if not math.isfinite(value):
         raise _BadJson(f"number {literal[:MAX_QUOTED_NAME_CHARS]} is out of range")
@@ -199,7 +214,7 @@ def _loads(raw: bytes) -> Any:
     if not text.strip():
         raise invalid_request("request body is empty; send a JSON object")
     try:
-        return json.loads(
+        value = json.loads(
             text,
             object_pairs_hook=_unique_keys,
             parse_constant=_reject_constant,
@@ -214,6 +229,16 @@ def _loads(raw: bytes) -> Any:
         ) from None
     except RecursionError:
         raise invalid_request("malformed JSON: nested too deeply") from None
+    try:
+        # A \ud800 escape decodes to a lone surrogate, which no UTF-8 store or log
+        # can hold (RFC 8259 §8.2: such strings behave unpredictably). Cheap: the
+        # body is at most MAX_BODY_BYTES.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid_request("malformed JSON: a string holds a lone UTF-16 surrogate") from None
+    except RecursionError:
+        raise invalid_request("malformed JSON: nested too deeply") from None
+    return value
 
 
 def parse_json_body(
@@ -377,6 +402,7 @@ class CallsQuery:
     status: str | None
     limit: int
     cursor: str | None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,15 +414,18 @@ class SpendQuery:
 
 
 def parse_calls_query(items: Iterable[tuple[str, str]]) -> CallsQuery:
-    """``status`` (enum), ``limit`` (1..200, default 50), ``cursor`` (opaque)."""
+    """``status`` (enum), ``limit`` (1..200, default 50), ``cursor``, ``tenant``."""
     values = parse_query_params(items, CALLS_QUERY_SCHEMA)
     return CallsQuery(
-        status=values.get("status"), limit=values["limit"], cursor=values.get("cursor")
+        status=values.get("status"),
+        limit=values["limit"],
+        cursor=values.get("cursor"),
+        tenant=values.get("tenant"),
     )
 
 
 def parse_spend_query(items: Iterable[tuple[str, str]]) -> SpendQuery:
-    """``days`` (1..90, default 7), ``tenant`` (admin keys only)."""
+    """``days`` (1..90, default 7), ``tenant`` (whose; an admin key must name one)."""
     values = parse_query_params(items, SPEND_QUERY_SCHEMA)
     return SpendQuery(days=values["days"], tenant=values.get("tenant"))
 

@@ -4,7 +4,8 @@
 -- concurrency -> caller calls/hour -> campaign calls/minute -> day budget -> month budget.
 -- On success the first quantum is reserved on the tenant's day and month, the call joins
 -- the active sets with a lease, and the ledger gets a "reserve" entry; on refusal the
--- ledger gets a "refuse" entry, the dashboard's refusal stream one too.
+-- ledger gets a "refuse" entry, the dashboard's refusal stream one too, and a refused
+-- call's record gets a content-free receipt (ids, reason, time) like any other call's.
 --
 -- Time comes from the caller (ARGV now_ms, day, month): the script never calls TIME, so
 -- a replay of the same request gives the same decision.
@@ -15,11 +16,12 @@
 -- KEYS: 1 global hash, 2 global active zset, 3 tenant limits hash, 4 tenant active zset,
 --       5 day hash, 6 month hash, 7 caller window zset, 8 campaign window zset,
 --       9 call hash, 10 tenant calls zset, 11 ledger stream, 12 refusals stream,
---       13 tenants set
+--       13 tenants set, 14 call receipts stream
 -- ARGV: 1 call_id, 2 tenant, 3 now_ms, 4 day, 5 month, 6 quantum, 7 lease_ms,
 --       8 caller, 9 campaign, 10 check_caller (1/0), 11 force (1/0), 12 retention_ms,
 --       13 ledger_max, 14 stream_max, 15 day_ttl_s, 16 month_ttl_s,
---       17 caller_window_ms, 18 campaign_window_ms, 19.. call fields (name, value pairs)
+--       17 caller_window_ms, 18 campaign_window_ms, 19 receipts_max,
+--       20.. call fields (name, value pairs)
 -- Returns {admitted 1/0, reason, global active count, tenant active count, replayed 1/0};
 -- the counts are the non-expired leases observed inside this atomic step (after adding
 -- this call when admitted).
@@ -41,7 +43,7 @@ local tenant_count = redis.call('ZCOUNT', KEYS[4], '(' .. now_s, '+inf')
 
 local function call_fields()
   local out = {}
-  for i = 19, #ARGV do
+  for i = 20, #ARGV do
     out[#out + 1] = ARGV[i]
   end
   return out
@@ -59,6 +61,10 @@ local function refuse(reason, write_call)
       'reserved', '0', 'cost', '0', 'seq', '0', 'caller', caller, 'campaign', campaign,
       unpack(call_fields()))
     redis.call('PEXPIRE', KEYS[9], int(retention_ms))
+    redis.call('XADD', KEYS[14], 'MAXLEN', '~', ARGV[19], '*',
+      'stage', 'spend', 'type', 'refused', 'reason', reason, 'at_unix_ms', now_s,
+      'quantum', int(quantum))
+    redis.call('PEXPIRE', KEYS[14], int(retention_ms))
     redis.call('ZADD', KEYS[10], now_s, call_id)
     redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', '(' .. int(now - retention_ms))
     redis.call('SADD', KEYS[13], tenant)

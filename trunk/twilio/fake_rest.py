@@ -201,11 +201,15 @@ class CalleeBehaviour:
     """How a number behaves when the fake dials it: ring ``ring_s``, then ``outcome``.
 
     A ring longer than the call's ``Timeout`` ends as ``no-answer`` at the
-    timeout, as with Twilio.
+    timeout, as with Twilio. ``queue_s``: how long the call first waits ``queued``
+    (Twilio's per-account calls-per-second queue; the Call resource's ``queue_time``),
+    which the ring ``Timeout`` does not count: "the number of seconds that we should
+    allow the phone to ring" (twilio.com/docs/voice/api/call-resource, ``Timeout``).
     """
 
     outcome: CalleeOutcome = CalleeOutcome.ANSWER
     ring_s: float = DEFAULT_RING_S
+    queue_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -398,12 +402,19 @@ class FakeTwilioRest:
         self._calls[call_sid] = _FakeCall(STATUS_IN_PROGRESS, on_completed, on_redirect)
 
     def set_callee(
-        self, number: str, outcome: CalleeOutcome, *, ring_s: float = DEFAULT_RING_S
+        self,
+        number: str,
+        outcome: CalleeOutcome,
+        *,
+        ring_s: float = DEFAULT_RING_S,
+        queue_s: float = 0.0,
     ) -> None:
-        """Make calls to ``number`` ring ``ring_s`` seconds, then end in ``outcome``."""
-        if not ring_s >= 0 or math.isinf(ring_s):  # also refuses NaN
-            raise ValueError("ring_s must be a finite number >= 0")
-        self._callees[number] = CalleeBehaviour(CalleeOutcome(outcome), ring_s)
+        """Make calls to ``number`` wait ``queue_s`` queued, ring ``ring_s`` seconds, then
+        end in ``outcome``."""
+        for name, value in (("ring_s", ring_s), ("queue_s", queue_s)):
+            if not value >= 0 or math.isinf(value):  # also refuses NaN
+                raise ValueError(f"{name} must be a finite number >= 0")
+        self._callees[number] = CalleeBehaviour(CalleeOutcome(outcome), ring_s, queue_s)
 
     def resolve_call(self, call_sid: str, outcome: CalleeOutcome) -> None:
         """Make a created call that is still queued or ringing end its ring in ``outcome`` now.
@@ -720,6 +731,10 @@ class FakeTwilioRest:
         """Twilio's progress for one outbound call: ring, answer or not, end; callbacks."""
         try:
             try:
+                queue_s = self._callees.get(call.to, self.default_callee).queue_s
+                if queue_s > 0:  # still queued: a cancel ends the wait
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(call._end_requested.wait(), queue_s)
                 await self._notify(call, EVENT_INITIATED, CALL_STATUS_INITIATED)
                 if not call.is_over:
                     call.status = STATUS_RINGING

@@ -29,11 +29,12 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
+import numpy.typing as npt
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -94,6 +95,14 @@ class SimulatedCallResult:
     first_audio_ms: float | None = None
     close_code: int | None = None
     close_reason: str = ""
+    #: When each ``clear`` arrived (ms since the first frame was sent), in order.
+    clear_times_ms: list[float] = field(default_factory=list)
+    #: When each caller frame was actually sent (ms since the first frame was due),
+    #: filled by :meth:`TwilioSimulator.place_reactive_call`.
+    sent_times_ms: list[float] = field(default_factory=list)
+    #: The caller audio actually sent (PCM16 8 kHz), filled by
+    #: :meth:`TwilioSimulator.place_reactive_call`.
+    sent_pcm: bytes = b""
 
     def inter_arrival_jitter_ms(self, percentile: float = 99.0) -> float:
         """Percentile of |inter-arrival - audio duration| over consecutive media messages."""
@@ -214,6 +223,8 @@ class _Playback:
         self.segments: list[tuple[float, bytes]] = []  # (start time, pcm16)
         self.pending_marks: list[tuple[float, str]] = []
         self.started = False
+        #: Start of the current run of back-to-back audio (None: none since a clear).
+        self.run_start: float | None = None
 
     def add(self, now: float, pcm: bytes, result: SimulatedCallResult) -> None:
         duration = len(pcm) / 2 / SIM_SAMPLE_RATE * 1000.0
@@ -221,6 +232,8 @@ class _Playback:
             # Queue ran dry while audio was still coming: the caller heard a gap.
             result.heard_gaps += 1
             result.heard_gap_ms += now - self.queue_end
+        if self.run_start is None or now > self.queue_end + 0.5:
+            self.run_start = max(now, self.queue_end)
         start = max(now, self.queue_end)
         self.queue_end = start + duration
         self.started = True
@@ -237,10 +250,22 @@ class _Playback:
         self.segments = kept
         self.queue_end = now
         self.started = False
+        self.run_start = None
         # Marks whose audio had not finished playing are echoed at once (Twilio's clear rule).
         marks = [name for at, name in self.pending_marks if at > now]
         self.pending_marks = []
         return marks
+
+    def view(self, now: float) -> CallerView:
+        """What the caller hears at ``now`` (absolute ms), on the caller's timeline."""
+        playing = self.run_start is not None and self.run_start <= now < self.queue_end
+        return CallerView(
+            now_ms=now - self.t0,
+            playing_since_ms=(
+                self.run_start - self.t0 if playing and self.run_start is not None else None
+            ),
+            heard_until_ms=(self.queue_end - self.t0) if self.segments else None,
+        )
 
     def heard(self) -> bytes:
         if not self.segments:
@@ -257,6 +282,41 @@ class _Playback:
 
 #: How long a finished call waits for its reader task to drain the socket.
 READER_STOP_TIMEOUT_S = 5.0
+#: Longest a reactive call may last before the simulator hangs up on its own.
+DEFAULT_REACTIVE_MAX_S = 120.0
+
+
+@dataclass(frozen=True)
+class CallerView:
+    """What a reactive caller knows when it chooses its next 20 ms frame.
+
+    Times are ms on the caller's timeline (0 = when the first frame was due).
+    ``playing_since_ms`` is when the run of back-to-back assistant audio the
+    caller hears right now began (None when nothing is playing: before any
+    audio, in a gap, or after a ``clear``); ``heard_until_ms`` when the audio
+    queued so far ends (or ended: a ``clear`` ends it at once; None before any).
+    """
+
+    now_ms: float
+    playing_since_ms: float | None
+    heard_until_ms: float | None
+
+
+class ReactiveCaller(Protocol):
+    """A caller that decides what to say frame by frame, from what it hears."""
+
+    def next_frame(self, view: CallerView) -> bytes | None:
+        """The next 20 ms of caller audio (320 bytes of PCM16 8 kHz), or None to hang up."""
+
+
+async def _stop_reader(reader: asyncio.Task[None]) -> None:
+    """Wait for a call's reader to finish (bounded) and re-raise what it hit."""
+    done, _ = await asyncio.wait({reader}, timeout=READER_STOP_TIMEOUT_S)
+    if not done:
+        reader.cancel()
+        raise TimeoutError("the simulated call's reader did not stop")
+    if not reader.cancelled():
+        reader.result()
 
 
 class TwilioSimulator:
@@ -395,13 +455,9 @@ class TwilioSimulator:
         mulaw = ulaw_encode(caller_pcm)
         ws = await self.connect_media(instructions)
         async with ws:
-            await ws.send(connected_message())
-            await ws.send(
-                start_message(stream_sid, call_sid, self.account_sid, instructions.parameters)
+            t0, playback, reader = await self._begin_stream(
+                ws, instructions, call_sid, stream_sid, result
             )
-            t0 = time.monotonic() * 1000.0
-            playback = _Playback(t0)
-            reader = asyncio.create_task(self._read(ws, playback, result, stream_sid))
             try:
                 seq = 2
                 frames = [
@@ -430,13 +486,95 @@ class TwilioSimulator:
                 raise
             finally:
                 result.hung_up_by_provider = hangup.is_set()
-                done, _ = await asyncio.wait({reader}, timeout=READER_STOP_TIMEOUT_S)
-                if not done:
-                    reader.cancel()
-                    raise TimeoutError("the simulated call's reader did not stop")
-                if not reader.cancelled():
-                    reader.result()  # re-raise what the reader hit
+                await _stop_reader(reader)
         result.heard_pcm = playback.heard()
+        return result
+
+    async def _begin_stream(
+        self,
+        ws: ClientConnection,
+        instructions: StreamInstructions,
+        call_sid: str,
+        stream_sid: str,
+        result: SimulatedCallResult,
+    ) -> tuple[float, _Playback, asyncio.Task[None]]:
+        """Send ``connected`` and ``start``; return the call's clock origin (ms), its
+        playback and the task reading what the gateway sends."""
+        await ws.send(connected_message())
+        params = instructions.parameters
+        await ws.send(start_message(stream_sid, call_sid, self.account_sid, params))
+        t0 = time.monotonic() * 1000.0
+        playback = _Playback(t0)
+        return t0, playback, asyncio.create_task(self._read(ws, playback, result, stream_sid))
+
+    async def place_reactive_call(
+        self,
+        caller: ReactiveCaller,
+        *,
+        from_: str = "+15551230000",
+        to: str = "+15559870000",
+        query: str = "",
+        call_sid: str | None = None,
+        provider_hangup: asyncio.Event | None = None,
+        max_s: float = DEFAULT_REACTIVE_MAX_S,
+    ) -> SimulatedCallResult:
+        """Run one whole call whose caller reacts to what it hears (see :class:`ReactiveCaller`).
+
+        Every 20 ms, at real-time pace, ``caller.next_frame`` gets a
+        :class:`CallerView` of the playback so far and returns the frame to
+        send; None hangs up (``stop``, then the socket is closed). The call also
+        ends when ``provider_hangup`` is set or after ``max_s``. On top of what
+        :meth:`place_call` records, the result carries the audio actually sent
+        (:attr:`SimulatedCallResult.sent_pcm`) and each frame's send time.
+        """
+        call_sid = call_sid or new_sid("CA")
+        hangup = provider_hangup or asyncio.Event()
+        stream_sid = new_sid("MZ")
+        instructions = await self.open_stream(call_sid, from_=from_, to=to, query=query)
+        result = SimulatedCallResult(call_sid=call_sid, stream_sid=stream_sid)
+        sent: list[bytes] = []
+        ws = await self.connect_media(instructions)
+        async with ws:
+            t0, playback, reader = await self._begin_stream(
+                ws, instructions, call_sid, stream_sid, result
+            )
+            try:
+                seq = 2
+                n = 0
+                while not hangup.is_set() and n * SIM_FRAME_MS < max_s * 1000.0:
+                    due = t0 + n * SIM_FRAME_MS
+                    delay = (due - time.monotonic() * 1000.0) / 1000.0
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    now = time.monotonic() * 1000.0
+                    pcm = caller.next_frame(playback.view(now))
+                    if pcm is None:
+                        break
+                    if len(pcm) != SIM_FRAME_BYTES * 2:
+                        raise ValueError(
+                            f"a reactive caller frame is {SIM_FRAME_BYTES * 2} bytes, "
+                            f"got {len(pcm)}"
+                        )
+                    await ws.send(
+                        media_message(stream_sid, seq, n + 1, n * SIM_FRAME_MS, ulaw_encode(pcm))
+                    )
+                    result.sent_times_ms.append(now - t0)
+                    sent.append(pcm)
+                    seq += 1
+                    n += 1
+                    result.frames_sent += 1
+                await ws.send(stop_message(stream_sid, seq, call_sid, self.account_sid))
+                await ws.close()
+            except ConnectionClosed:
+                pass
+            except asyncio.CancelledError:
+                reader.cancel()
+                raise
+            finally:
+                result.hung_up_by_provider = hangup.is_set()
+                await _stop_reader(reader)
+        result.heard_pcm = playback.heard()
+        result.sent_pcm = b"".join(sent)
         return result
 
     async def _read(
@@ -483,6 +621,7 @@ class TwilioSimulator:
                     task.add_done_callback(mark_tasks.discard)
                 elif event == "clear":
                     result.clears_received += 1
+                    result.clear_times_ms.append(now - playback.t0)
                     for task in list(mark_tasks):
                         task.cancel()
                     for name in playback.clear(now):
@@ -661,3 +800,212 @@ def reply_onsets_ms(
                 break
         onsets.append(found)
     return onsets
+
+
+#: Frames quieter than this are pauses, not speech, when an active level is measured
+#: (the echo gate's near-end floor, media.echo_gate.NEAR_END_FLOOR_DBFS).
+ACTIVE_LEVEL_FLOOR_DBFS = -50.0
+#: Level of the first frame of an utterance that counts as its true onset.
+ONSET_LEVEL_DBFS = -40.0
+#: Level :class:`BargeInCaller` keeps the line at between utterances: very low line
+#: noise, far under any voice (None: digital silence). Seed decision.
+LINE_NOISE_DBFS = -70.0
+_FULL_SCALE_PCM16 = 32768.0
+_PCM16_FRAME = SIM_FRAME_BYTES * 2  # 20 ms of PCM16 at 8 kHz
+
+
+def frame_levels_dbfs(pcm: bytes) -> npt.NDArray[np.float64]:
+    """RMS level (dBFS, 0 = full-scale square wave) of each whole 20 ms frame of 8 kHz PCM16.
+
+    An all-zero frame reports -100 dBFS. Same definition as
+    :func:`media.endpointing.frame_level_dbfs`, vectorised.
+    """
+    count = len(pcm) // _PCM16_FRAME
+    samples = np.frombuffer(pcm[: count * _PCM16_FRAME], dtype="<i2").astype(np.float64)
+    power = (samples.reshape(count, SIM_FRAME_BYTES) ** 2).mean(axis=1)
+    floor = _FULL_SCALE_PCM16**2 * 1e-10
+    return np.asarray(10.0 * np.log10(np.maximum(power, floor) / _FULL_SCALE_PCM16**2))
+
+
+def active_level_dbfs(pcm: bytes, floor_dbfs: float = ACTIVE_LEVEL_FLOOR_DBFS) -> float:
+    """Active speech level of 8 kHz PCM16: mean power of its 20 ms frames above ``floor_dbfs``.
+
+    A simple frame-gated version of ITU-T P.56's active level: the pauses
+    between words (frames under the floor) do not pull it down. Returns -100
+    dBFS when no frame is above the floor.
+    """
+    levels = frame_levels_dbfs(pcm)
+    active = levels[levels > floor_dbfs]
+    if not active.size:
+        return -100.0
+    return float(10.0 * np.log10(np.mean(10.0 ** (active / 10.0))))
+
+
+def scale_to_active_level(
+    pcm: bytes, target_dbfs: float, floor_dbfs: float = ACTIVE_LEVEL_FLOOR_DBFS
+) -> bytes:
+    """``pcm`` (8 kHz PCM16) with a gain that puts its :func:`active_level_dbfs` at ``target_dbfs``.
+
+    The gain is refined a few times, since frames near the floor move in or
+    out of the measurement as the level changes; samples are clipped to 16 bits.
+    """
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float64)
+    gain = 1.0
+    for _ in range(4):
+        scaled = np.clip(np.rint(samples * gain), -32768, 32767).astype("<i2").tobytes()
+        level = active_level_dbfs(scaled, floor_dbfs)
+        if level <= -100.0:
+            return scaled
+        gain *= 10.0 ** ((target_dbfs - level) / 20.0)
+    return np.clip(np.rint(samples * gain), -32768, 32767).astype("<i2").tobytes()
+
+
+def onset_frame(pcm: bytes, threshold_dbfs: float = ONSET_LEVEL_DBFS) -> int | None:
+    """Index of the first 20 ms frame of ``pcm`` above ``threshold_dbfs`` (None if none)."""
+    above = np.flatnonzero(frame_levels_dbfs(pcm) > threshold_dbfs)
+    return int(above[0]) if above.size else None
+
+
+@dataclass(frozen=True)
+class BargeIn:
+    """One interruption: once the assistant's reply has played ``after_ms``, say ``speech``.
+
+    ``speech`` is PCM16 8 kHz (any length; the last frame is padded with line noise).
+    """
+
+    after_ms: float
+    speech: bytes
+
+
+@dataclass
+class SpokenUtterance:
+    """One utterance a :class:`BargeInCaller` said, on the caller's timeline (ms).
+
+    ``kind`` is ``opening`` (the first turn), ``barge_in`` (said over a reply;
+    ``index`` into the script's barge-ins) or ``recovery`` (the opening said
+    again because no reply came: a missed barge-in leaves no turn to answer).
+    ``onset_ms`` is when its first frame above :data:`ONSET_LEVEL_DBFS` was sent;
+    ``reply_played_ms`` how long the reply had been playing when it began.
+    """
+
+    kind: str
+    index: int | None
+    start_ms: float
+    onset_ms: float | None = None
+    end_ms: float | None = None
+    reply_played_ms: float | None = None
+
+
+class BargeInCaller:
+    """A :class:`ReactiveCaller` that talks over each reply of the assistant.
+
+    It says ``opening`` (after ``lead_in_ms`` of line noise), then for each
+    :class:`BargeIn` in turn waits for a reply that *began after its last
+    utterance ended*, lets it play ``after_ms`` and says the barge-in's speech
+    over it; between utterances it sends only line noise at
+    ``line_noise_dbfs`` (None: digital silence), never the assistant's audio
+    (a clean line, no echo). If no such reply begins within ``recovery_ms``
+    of the line going quiet (a missed barge-in is not a turn, so nothing
+    answers it), it says ``opening`` again as a plain turn (a ``recovery``
+    utterance) and keeps waiting for the same barge-in. After the last one it
+    waits for the next reply (or ``recovery_ms`` of quiet), lets ``tail_ms``
+    pass and hangs up. What it said is in :attr:`utterances`.
+    """
+
+    def __init__(
+        self,
+        opening: bytes,
+        barge_ins: list[BargeIn],
+        *,
+        line_noise_dbfs: float | None = LINE_NOISE_DBFS,
+        lead_in_ms: float = 500.0,
+        recovery_ms: float = 1_500.0,
+        tail_ms: float = 500.0,
+        max_recoveries: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.opening = opening
+        self.barge_ins = list(barge_ins)
+        self.line_noise_dbfs = line_noise_dbfs
+        self.recovery_ms = recovery_ms
+        self.tail_ms = tail_ms
+        self.max_recoveries = len(self.barge_ins) + 1 if max_recoveries is None else max_recoveries
+        #: Every utterance said so far, in order.
+        self.utterances: list[SpokenUtterance] = []
+        self._rng = np.random.default_rng(seed)
+        self._lead_in_frames = int(lead_in_ms // SIM_FRAME_MS)
+        self._frames = 0
+        self._speech = b""  # what is left of the current utterance
+        self._current: SpokenUtterance | None = None
+        self._next = 0  # index of the next barge-in to say
+        self._hang_up_at: float | None = None
+        self._recoveries = 0
+
+    def _noise(self) -> bytes:
+        if self.line_noise_dbfs is None:
+            return b"\x00\x00" * SIM_FRAME_BYTES
+        rms = _FULL_SCALE_PCM16 * 10.0 ** (self.line_noise_dbfs / 20.0)
+        noise = np.rint(self._rng.normal(0.0, rms, SIM_FRAME_BYTES))
+        return np.clip(noise, -32768, 32767).astype("<i2").tobytes()
+
+    def _say(self, speech: bytes, utterance: SpokenUtterance) -> None:
+        self._speech = speech
+        self._current = utterance
+        self.utterances.append(utterance)
+
+    def next_frame(self, view: CallerView) -> bytes | None:
+        """See :meth:`ReactiveCaller.next_frame`."""
+        self._frames += 1
+        if self._frames <= self._lead_in_frames:
+            return self._noise()
+        if not self.utterances:
+            self._say(self.opening, SpokenUtterance("opening", None, view.now_ms))
+        current = self._current
+        if current is not None and self._speech:
+            frame, self._speech = self._speech[:_PCM16_FRAME], self._speech[_PCM16_FRAME:]
+            level = frame_levels_dbfs(frame.ljust(_PCM16_FRAME, b"\x00"))[0]
+            if current.onset_ms is None and level > ONSET_LEVEL_DBFS:
+                current.onset_ms = view.now_ms
+            if len(frame) < _PCM16_FRAME:
+                frame += self._noise()[len(frame) :]
+            if not self._speech:
+                current.end_ms = view.now_ms + SIM_FRAME_MS
+            return frame
+        return self._between_utterances(view)
+
+    def _between_utterances(self, view: CallerView) -> bytes | None:
+        now = view.now_ms
+        if self._hang_up_at is not None:
+            return None if now >= self._hang_up_at else self._noise()
+        last = self.utterances[-1]
+        ended = last.end_ms if last.end_ms is not None else now
+        since = view.playing_since_ms
+        new_reply = since is not None and since >= ended
+        if new_reply and since is not None:
+            if self._next >= len(self.barge_ins):
+                self._hang_up_at = now + self.tail_ms
+            elif now - since >= self.barge_ins[self._next].after_ms:
+                barge = self.barge_ins[self._next]
+                self._say(
+                    barge.speech,
+                    SpokenUtterance("barge_in", self._next, now, reply_played_ms=now - since),
+                )
+                self._next += 1
+                return self._first_frame(view)
+            return self._noise()
+        if since is None:
+            heard = view.heard_until_ms if view.heard_until_ms is not None else ended
+            quiet_from = max(ended, heard)
+            if now >= quiet_from + self.recovery_ms:
+                if self._next >= len(self.barge_ins) or self._recoveries >= self.max_recoveries:
+                    self._hang_up_at = now + self.tail_ms
+                else:
+                    self._recoveries += 1
+                    self._say(self.opening, SpokenUtterance("recovery", None, now))
+                    return self._first_frame(view)
+        return self._noise()
+
+    def _first_frame(self, view: CallerView) -> bytes | None:
+        """The first frame of the utterance just begun (the frame count is not advanced)."""
+        self._frames -= 1
+        return self.next_frame(view)

@@ -1,0 +1,357 @@
+"""The per-call media engine: everything a call does with audio, sans-I/O (time passed in).
+
+One :class:`MediaEngine` per call holds the inbound and outbound transforms,
+the reflex loop (VAD, echo gate, turn-taking, barge-in, played ledger), the
+playout buffer, the pacer, and the mark and clear policy. It reads no clock
+and touches no socket, in the manner of h11's ``Connection``: the driver
+feeds it what happened, with the time, and carries out the commands it
+returns.
+
+- :meth:`MediaEngine.on_ingress` takes a provider event (caller audio, a
+  keypad digit, a mark echo) and returns what goes to the brain
+  (:class:`BrainAudio` frames, ``speech_started`` / ``speech_stopped``,
+  ``dtmf``), in order.
+- :meth:`MediaEngine.on_brain` takes a brain event (assistant audio,
+  ``audio_clear``, the brain's ``hello``) and returns notices for the driver
+  (:class:`PlayoutOverflow`) and any tap events the reflex loop decided on.
+- :meth:`MediaEngine.poll` runs the pacer: it returns the provider commands
+  due by ``now`` (``clear`` first when one is pending, then audio frames,
+  marks, and the resampler's tail when playout runs dry).
+- :meth:`MediaEngine.next_deadline` says when :meth:`poll` must run next
+  absent new input, and :attr:`MediaEngine.wants_poll` says an input moved that
+  deadline to *now* (new audio, a clear, a resume), so the driver wakes its pacer.
+
+``gateway.call.Call`` is the production driver (asyncio); the virtual-time
+rig (``gateway/engine_rig.py``), the reflex tests and ``bench/reflex.py``
+drive this same object.
+
+**What a brain declares** (its ``hello``; docs/TAP_PROTOCOL.md): a brain
+that is not ``interruptible`` is never cut or paused by caller speech, which
+then only drives turns (as ``RUTSTER_BARGE_IN=off`` does for every call). A
+brain that owns ``turns`` (a full-duplex speech-to-speech brain) gets every
+caller frame and no ``speech_started`` / ``speech_stopped``; the core obeys
+its ``audio_clear`` at once, and keeps only the echo gate (fed both
+directions, so its estimates stay current) and its safety limits (bounded
+playout, cut items' audio dropped, spend).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from brains.tap import (
+    AudioClear,
+    AudioOut,
+    BrainEvent,
+    BrainHello,
+    Dtmf,
+    SpeechStarted,
+    SpeechStopped,
+    TurnOwner,
+)
+from gateway.reflex import (
+    ClearProvider,
+    EchoJudge,
+    Publish,
+    ReflexAction,
+    ReflexConfig,
+    ReflexLoop,
+    SpeechDetector,
+    WakePacer,
+)
+from media.formats import MediaFormat
+from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS, Pacer
+from media.playout import DEFAULT_MAX_MS, PlayoutBuffer
+from media.transform import InboundTransform, OutboundTransform
+from trunk.events import (
+    AudioReceived,
+    ClearPlayback,
+    DtmfReceived,
+    IngressCommand,
+    IngressEvent,
+    MarkPlayed,
+    PlaceMark,
+    PlayAudio,
+)
+
+__all__ = [
+    "DEFAULT_MARK_EVERY_FRAMES",
+    "DRAIN_LEAD_MS",
+    "BadInput",
+    "BrainAudio",
+    "BrainCommand",
+    "EngineCommand",
+    "MediaEngine",
+    "MediaEngineConfig",
+    "PlayoutOverflow",
+]
+
+#: Release the outbound resampler's held tail (~25 ms, pushed out with silence: 40
+#: ms of wire audio) when the provider has this little left to play and nothing
+#: more is buffered: early enough that the tail arrives before the caller's queue
+#: runs dry, late enough that a brain which is merely a little late (echo: one
+#: frame at a time) is rarely cut by inserted silence. What the drain adds to the
+#: provider's queue is counted in the pacer and the ledger: uncounted, the pacer
+#: kept believing the queue nearly dry and drained again at the next jitter, and
+#: a real-time stream's delay grew by 40 ms each time (measured on SIP echo calls).
+DRAIN_LEAD_MS = 10.0
+#: Send a provider ``mark`` every N outbound frames (10 x 20 ms = 200 ms): enough to
+#: know what the caller has heard without doubling the message rate. Seed decision.
+DEFAULT_MARK_EVERY_FRAMES = 10
+
+
+@dataclass(frozen=True, slots=True)
+class MediaEngineConfig:
+    """The per-call media settings (each default a named constant with its source)."""
+
+    reflex: ReflexConfig = field(default_factory=ReflexConfig)
+    playout_max_ms: int = DEFAULT_MAX_MS
+    pacer_lead_ms: float = DEFAULT_LEAD_MS
+    pacer_start_ms: float = DEFAULT_START_MS
+    mark_every_frames: int = DEFAULT_MARK_EVERY_FRAMES
+
+
+@dataclass(frozen=True, slots=True)
+class BrainAudio:
+    """Command: send one canonical caller frame to the brain (tap ``audio_in``)."""
+
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PlayoutOverflow:
+    """Notice: the brain sent audio faster than playout drains; the oldest was dropped."""
+
+    dropped_samples: int
+    #: True for the call's first overflow (the driver logs that one).
+    first: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BadInput:
+    """Notice: a provider input was dropped (counted); ``reason`` is a stable label."""
+
+    reason: str
+
+
+#: What goes to the brain, in order.
+BrainCommand = BrainAudio | SpeechStarted | SpeechStopped | Dtmf
+#: Everything the engine asks of its driver.
+EngineCommand = BrainCommand | IngressCommand | PlayoutOverflow | BadInput
+
+
+class MediaEngine:
+    """One call's media, sans-I/O. Feed it events with the time; do what it returns."""
+
+    def __init__(
+        self,
+        media_format: MediaFormat,
+        *,
+        detector: SpeechDetector,
+        echo: EchoJudge,
+        publish: Publish,
+        speech_threshold: float,
+        config: MediaEngineConfig = MediaEngineConfig(),
+    ) -> None:
+        self.config = config
+        self.inbound = InboundTransform(media_format)
+        self.outbound = OutboundTransform(media_format)
+        self.playout = PlayoutBuffer(max_ms=config.playout_max_ms)
+        self.pacer = Pacer(
+            self.playout, lead_ms=config.pacer_lead_ms, start_ms=config.pacer_start_ms
+        )
+        self.echo = echo
+        self.reflex = ReflexLoop(
+            playout=self.playout,
+            pacer=self.pacer,
+            detector=detector,
+            echo=echo,
+            publish=publish,
+            speech_threshold=speech_threshold,
+            config=config.reflex,
+        )
+        self._publish = publish
+        self._mark_every = config.mark_every_frames
+        #: The brain owns turn-taking (its hello said ``turns: "brain"``).
+        self.brain_turns = False
+        #: The brain may be cut by caller speech (its hello did not say otherwise).
+        self.brain_interruptible = True
+        self._clear_pending = False
+        self._tail_pending = False
+        self._now = 0.0
+        #: An input moved the next deadline to now: the driver should poll at once.
+        self.wants_poll = False
+        # Counters (the driver reports them as metrics; tests read them).
+        self.frames_in = 0
+        self.frames_out = 0
+        self.marks_sent = 0
+        self.last_mark_played: str | None = None
+
+    # ---- provider -> engine --------------------------------------------------
+
+    def on_ingress(self, event: IngressEvent, now_ms: float) -> list[EngineCommand]:
+        """One provider event at ``now_ms``; returns brain commands and notices, in order.
+
+        Stream lifecycle events (connected, start, stop) are the driver's and
+        return nothing here.
+        """
+        self._now = now_ms
+        if isinstance(event, AudioReceived):
+            return self._on_audio(event.payload, now_ms)
+        if isinstance(event, DtmfReceived):
+            out: list[EngineCommand] = [Dtmf(event.digit)]
+            self._apply(self.reflex.on_dtmf(now_ms), out)
+            return out
+        if isinstance(event, MarkPlayed):
+            self.last_mark_played = event.name
+            if event.name.isdigit():  # our marks are named by the frame count sent
+                self.reflex.on_mark(int(event.name) - 1, now_ms)
+        return []
+
+    def _on_audio(self, payload: bytes, now_ms: float) -> list[EngineCommand]:
+        try:
+            frames = self.inbound.process(payload)
+        except ValueError:
+            return [BadInput("bad_audio")]
+        out: list[EngineCommand] = []
+        self.frames_in += len(frames)
+        reflex = self.reflex
+        if self.brain_turns:
+            # The brain listens while it speaks: every frame goes to it, and the
+            # echo gate keeps learning from both directions.
+            echo = self.echo
+            for frame in frames:
+                out.append(BrainAudio(frame))
+                echo.capture(frame, now_ms)
+            return out
+        for frame in frames:
+            out.append(BrainAudio(frame))
+            actions = reflex.on_caller_frame(frame, now_ms)
+            if actions:
+                self._apply(actions, out)
+        return out
+
+    def set_brain_connected(self, connected: bool) -> None:
+        """The brain connection came up or went down (the call stays up either way)."""
+        if connected:
+            self.reflex.on_brain_up()
+        else:
+            self.reflex.on_brain_down()
+
+    # ---- brain -> engine -----------------------------------------------------
+
+    def on_brain(self, event: BrainEvent, now_ms: float) -> list[EngineCommand]:
+        """One brain event at ``now_ms``; returns tap events and notices for the driver.
+
+        Events that are not about media (tools, usage, errors) return nothing.
+        """
+        self._now = now_ms
+        if isinstance(event, AudioOut):
+            out: list[EngineCommand] = []
+            accepted, actions = self.reflex.accept_assistant_audio(event.item, now_ms)
+            if actions:
+                self._apply(actions, out)
+            if not accepted:
+                return out
+            dropped = self.playout.push(event.pcm, event.item)
+            if dropped:
+                out.append(PlayoutOverflow(dropped, self.playout.overflow_events == 1))
+            self.wants_poll = True
+            return out
+        if isinstance(event, AudioClear):
+            out = []
+            self._apply(self.reflex.on_audio_clear(now_ms), out)
+            return out
+        if isinstance(event, BrainHello):
+            self._declare(event)
+        return []
+
+    def _declare(self, hello: BrainHello) -> None:
+        """Take what the brain says it is (each hello: a reconnect may change it)."""
+        self.brain_turns = hello.turns is TurnOwner.BRAIN
+        self.brain_interruptible = hello.interruptible
+        reflex = self.reflex
+        barge_in = (
+            self.config.reflex.barge_in and hello.interruptible and hello.turns is TurnOwner.CORE
+        )
+        if reflex.config.barge_in != barge_in:
+            reflex.config = replace(reflex.config, barge_in=barge_in)
+        self._publish(
+            "reflex",
+            "brain_declared",
+            {"turns": hello.turns.value, "interruptible": hello.interruptible},
+        )
+
+    # ---- reflex actions --------------------------------------------------------
+
+    def _apply(self, actions: list[ReflexAction], out: list[EngineCommand]) -> None:
+        for action in actions:
+            if isinstance(action, ClearProvider):
+                self.outbound.reset()  # drop the resampler's held tail of the cut audio
+                self._clear_pending = True
+                self.wants_poll = True
+            elif isinstance(action, WakePacer):
+                self.wants_poll = True
+            elif not self.brain_turns:
+                out.append(action)
+
+    # ---- the pacer -----------------------------------------------------------
+
+    def poll(self, now_ms: float) -> list[IngressCommand]:
+        """The provider commands due by ``now_ms``: a pending clear, frames, marks, a tail."""
+        self._now = now_ms
+        self.wants_poll = False
+        out: list[IngressCommand] = []
+        if self._clear_pending:
+            self._clear_pending = False
+            self._tail_pending = False  # the resampler was reset: nothing of the cut audio left
+            out.append(ClearPlayback())
+        reflex = self.reflex
+        if reflex.paused:
+            return out
+        pacer = self.pacer
+        frames = pacer.poll(now_ms)
+        if frames:
+            outbound = self.outbound
+            mark_every = self._mark_every
+            for frame in frames:
+                reflex.on_frame_sent(frame, now_ms)
+                payload = outbound.process(frame.pcm)
+                if payload:
+                    out.append(PlayAudio(payload))
+                self.frames_out += 1
+                if self.frames_out % mark_every == 0:
+                    self.marks_sent += 1
+                    out.append(PlaceMark(str(self.frames_out)))
+            self._tail_pending = True
+        elif (
+            self._tail_pending
+            and self.playout.buffered_samples == 0
+            and pacer.lead_ms_now(now_ms) <= DRAIN_LEAD_MS
+        ):
+            # Playout is about to run dry: release the ~25 ms the resampler still holds,
+            # and count what it adds to the provider's queue (pacer and ledger alike).
+            self._tail_pending = False
+            tail = self.outbound.drain()
+            tail_ms = self.outbound.wire_format.duration_ms(len(tail))
+            pacer.extend(now_ms, tail_ms)
+            reflex.ledger.extended(now_ms, tail_ms)
+            out.append(PlayAudio(tail))
+        return out
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`poll` must next run absent new input (``None``: not until some).
+
+        A time at or before the last one given means at once.
+        """
+        now = self._now
+        if self._clear_pending:
+            return now
+        if self.reflex.paused:
+            return None
+        pacer = self.pacer
+        deadline = pacer.next_poll_ms(now)
+        if self._tail_pending and self.playout.buffered_samples == 0:
+            drain_at = pacer.queued_until_ms - DRAIN_LEAD_MS
+            deadline = drain_at if deadline is None else min(deadline, drain_at)
+        return deadline
