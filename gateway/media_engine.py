@@ -59,10 +59,10 @@ from gateway.reflex import (
     SpeechDetector,
     WakePacer,
 )
-from media.formats import MediaFormat
+from media.formats import FRAME_MS, MediaFormat
 from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS, Pacer
 from media.playout import DEFAULT_MAX_MS, PlayoutBuffer
-from media.transform import InboundTransform, OutboundTransform
+from media.transform import OUTBOUND_DRAIN_FRAMES, InboundTransform, OutboundTransform
 from trunk.events import (
     AudioReceived,
     ClearPlayback,
@@ -311,6 +311,8 @@ class MediaEngine:
             return out
         pacer = self.pacer
         frames = pacer.poll(now_ms)
+        for shed in pacer.last_shed:
+            reflex.ledger.skipped(shed)
         if frames:
             outbound = self.outbound
             mark_every = self._mark_every
@@ -334,7 +336,8 @@ class MediaEngine:
             self._tail_pending = False
             tail = self.outbound.drain()
             tail_ms = self.outbound.wire_format.duration_ms(len(tail))
-            pacer.extend(now_ms, tail_ms)
+            # The drain's silent frames delay the item if it goes on: owed, shed later.
+            pacer.extend(now_ms, tail_ms, inserted_ms=OUTBOUND_DRAIN_FRAMES * FRAME_MS)
             reflex.ledger.extended(now_ms, tail_ms)
             out.append(PlayAudio(tail))
         return out

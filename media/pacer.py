@@ -6,16 +6,35 @@ sent while that keeps the queue at most ``lead_ms`` ahead of now, so the
 caller hears the assistant at real time and a barge-in has at most ``lead_ms``
 of audio already out of the core's hands. Time is always passed in (ms, any
 monotonic origin); the pacer reads no clock.
+
+**Delay is won back.** Whenever the caller heard silence inside an item that
+the brain did not put there (the provider's queue ran dry because audio came
+late, the priming wait after it, the padding of a partial frame, the
+resampler's drained tail), everything after it plays that much later. The
+pacer counts that silence as *delay debt* for the item and pays it back by
+shedding whole frames of the same item that are silent (a pause in speech),
+so a stall costs one short gap instead of a latency step for the rest of the
+call. Shed frames are reported in :attr:`Pacer.last_shed` (not sent) so the
+played-ms ledger still advances over them.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
+import numpy as np
+
 from media.formats import FRAME_MS
 from media.playout import PlayoutBuffer, PlayoutFrame
 
-__all__ = ["DEFAULT_LEAD_MS", "DEFAULT_START_MS", "Pacer", "PacerState"]
+__all__ = [
+    "DEFAULT_LEAD_MS",
+    "DEFAULT_START_MS",
+    "MAX_DELAY_DEBT_MS",
+    "SHED_SILENCE_RMS",
+    "Pacer",
+    "PacerState",
+]
 
 #: Most audio queued at the provider ahead of real time (seed decision; the issue
 #: sets the default at <= 60 ms): three frames absorb socket and event-loop
@@ -28,6 +47,21 @@ DEFAULT_START_MS = 40.0
 #: Float slack in time comparisons (ms) so that a poll at exactly the time
 #: next_poll_ms() returned makes progress despite rounding of clock readings.
 TIME_EPSILON_MS = 1e-6
+#: A frame this quiet (RMS of s16 samples, -35 dBFS) may be shed to win back delay:
+#: a pause in speech, where dropping 20 ms is not heard. Measured: the pauses of the
+#: project's recorded fixture (a real phone-quality recording) sit at -47 to -40
+#: dBFS (tests/fixtures/audio/caller_speech_8k.wav); -35 dBFS let the e2e echo calls shed
+#: a 40 ms step within about a second (-40 dBFS: often not within 2 s). Seed decision.
+SHED_SILENCE_RMS = 584.0
+#: Most added delay remembered for shedding (seed decision): a brain seconds late
+#: mid-reply is won back over its next pauses, and a bounded number keeps one
+#: pathological stall from eating every pause of a long reply.
+MAX_DELAY_DEBT_MS = 2000.0
+#: A frame may be shed with nothing buffered behind it if the provider's queue still
+#: holds the lead less one frame, less this slack (ms): the frame had to wait for
+#: room, so it was excess; after the shed the queue keeps two frames of cushion for
+#: the next real-time frame. Seed decision (a quarter frame of clock jitter).
+SHED_QUEUE_SLACK_MS = 5.0
 
 
 class PacerState(StrEnum):
@@ -47,20 +81,31 @@ class Pacer:
     """
 
     __slots__ = (
+        "_arrived_at",
         "_buffer",
+        "_debt_item",
+        "_debt_ms",
         "_frame_ms",
         "_frame_samples",
         "_frames_sent",
         "_lead_ms",
         "_max_lead_ms",
+        "_pending_debt_item",
+        "_pending_debt_ms",
         "_primed_at",
         "_queued_until",
+        "_resume_item",
+        "_shed_ms",
+        "_silence_item",
+        "_silence_ms",
         "_start_ms",
         "_starved_at",
         "_starved_item",
         "_state",
         "_underrun_ms",
         "_underruns",
+        "_was_empty",
+        "last_shed",
     )
 
     def __init__(
@@ -93,6 +138,20 @@ class Pacer:
         self._frames_sent = 0
         self._underruns = 0
         self._underrun_ms = 0.0
+        self._debt_ms = 0.0
+        self._debt_item: str | None = None
+        self._pending_debt_ms = 0.0
+        self._pending_debt_item: str | None = None
+        self._resume_item: str | None = None
+        self._shed_ms = 0.0
+        # Silence sent while the buffer was empty (a drained tail, a padded frame): it
+        # delays the item only by as much as it was still playing when audio came back.
+        self._silence_ms = 0.0
+        self._silence_item: str | None = None
+        self._was_empty = True
+        self._arrived_at = 0.0
+        #: Frames the last :meth:`poll` shed (popped, not to be sent), oldest first.
+        self.last_shed: list[PlayoutFrame] = []
 
     # ---- read-only state -----------------------------------------------------
 
@@ -117,6 +176,16 @@ class Pacer:
         return self._underrun_ms
 
     @property
+    def delay_debt_ms(self) -> float:
+        """Silence inserted into the current item and not yet won back (ms)."""
+        return self._debt_ms
+
+    @property
+    def shed_ms(self) -> float:
+        """Total ms of silent frames shed to win back delay since creation."""
+        return self._shed_ms
+
+    @property
     def queued_until_ms(self) -> float:
         """When the provider will have played everything sent so far (-inf: nothing yet)."""
         return self._queued_until
@@ -131,6 +200,10 @@ class Pacer:
         """Advance to ``now_ms``; return the frames to send now, in order."""
         buffer = self._buffer
         state = self._state
+        if self.last_shed:
+            self.last_shed = []
+        if self._was_empty and buffer.buffered_samples:
+            self._audio_arrived(now_ms)
         if state is PacerState.IDLE or state is PacerState.STARVED:
             if not buffer.buffered_samples:
                 return []
@@ -142,6 +215,7 @@ class Pacer:
                 # Same item resumed after the provider ran dry: the caller heard a gap.
                 self._underruns += 1
                 self._underrun_ms += max(0.0, now_ms - self._starved_at)
+                self._resume_item = self._starved_item
             self._starved_item = None
             state = self._state = PacerState.PRIMING
             self._primed_at = now_ms
@@ -152,6 +226,11 @@ class Pacer:
             if not self._start_met(now_ms):
                 return []
             self._state = PacerState.PLAYING
+            if self._resume_item is not None:
+                # The caller heard silence from the queue running dry until now: the
+                # rest of the item plays that much later than the brain's timeline.
+                self._owe(now_ms - self._starved_at, self._resume_item)
+                self._resume_item = None
             # Nothing from before this talk spurt is still playing at the provider.
             self._queued_until = max(self._queued_until, now_ms)
         frames: list[PlayoutFrame] = []
@@ -173,9 +252,18 @@ class Pacer:
                 break
             if frame is None:  # pragma: no cover - guarded by buffered_samples above
                 break
+            if self._settle_debt(frame, base - now_ms):
+                continue
             self._queued_until = base + frame_ms
             frames.append(frame)
+            if frame.audio_samples < frame_samples:
+                # Padded (the buffer is now empty): silence ends the provider's queue.
+                self._sent_silence(
+                    frame_ms * (1.0 - frame.audio_samples / frame_samples), frame.item
+                )
         self._frames_sent += len(frames)
+        if not buffer.buffered_samples:
+            self._was_empty = True
         if not buffer.buffered_samples and self._queued_until <= now_ms:
             self._state = PacerState.STARVED
             self._starved_item = buffer.current_item
@@ -214,12 +302,19 @@ class Pacer:
         self._queued_until = now_ms
         self._state = PacerState.IDLE
         self._starved_item = None
+        self._forget_debt()
         return discarded_ms
 
-    def extend(self, now_ms: float, ms: float) -> None:
+    def extend(self, now_ms: float, ms: float, inserted_ms: float = 0.0) -> None:
         """The provider was sent ``ms`` of audio that did not come from the buffer
-        (the outbound resampler's tail): its queue reaches that much further."""
+        (the outbound resampler's tail): its queue reaches that much further.
+
+        ``inserted_ms`` of it is silence that delays the current item if more
+        of it follows (the drain's silent frames): owed, to be shed later.
+        """
         self._queued_until = max(self._queued_until, now_ms) + ms
+        if inserted_ms > 0:
+            self._sent_silence(inserted_ms, self._buffer.current_item)
 
     def halt(self, now_ms: float) -> None:
         """Barge-in pause: the provider's queue was cleared, but keep what is buffered.
@@ -230,11 +325,87 @@ class Pacer:
         self._queued_until = now_ms
         self._state = PacerState.IDLE
         self._starved_item = None
+        self._resume_item = None
 
     # ---- internals -----------------------------------------------------------
+
+    def _owe(self, ms: float, item: str | None) -> None:
+        """``ms`` of silence went out inside ``item``: owed once ``item`` goes on."""
+        if item is None or ms <= 0:
+            return
+        if self._pending_debt_item != item:
+            self._pending_debt_ms = 0.0
+            self._pending_debt_item = item
+        self._pending_debt_ms += ms
+
+    def _sent_silence(self, ms: float, item: str | None) -> None:
+        """``ms`` of silence inside ``item`` ends the provider's queue (buffer empty)."""
+        if item is None:
+            return
+        if self._silence_item != item:
+            self._silence_ms = 0.0
+            self._silence_item = item
+        self._silence_ms += ms
+
+    def _audio_arrived(self, now_ms: float) -> None:
+        """Audio is buffered again after the buffer ran empty at ``now_ms``."""
+        self._was_empty = False
+        self._arrived_at = now_ms
+        if self._silence_ms:
+            # The silence delayed the item by its whole length: had it not been sent,
+            # the provider's queue would have run dry that much earlier (an underrun,
+            # counted from the queue's end).
+            self._owe(self._silence_ms, self._silence_item)
+            self._silence_ms = 0.0
+            self._silence_item = None
+
+    def _forget_debt(self) -> None:
+        self._silence_ms = 0.0
+        self._silence_item = None
+        self._debt_ms = 0.0
+        self._debt_item = None
+        self._pending_debt_ms = 0.0
+        self._pending_debt_item = None
+        self._resume_item = None
+
+    def _settle_debt(self, frame: PlayoutFrame, queued_ms: float) -> bool:
+        """Book ``frame`` against the delay debt; True when it is shed (not sent)."""
+        item = frame.item
+        if item != self._debt_item:  # a new item is a new timeline: nothing owed
+            self._debt_item = item
+            self._debt_ms = 0.0
+        if self._pending_debt_ms:
+            if item is not None and item == self._pending_debt_item:
+                self._debt_ms = min(MAX_DELAY_DEBT_MS, self._debt_ms + self._pending_debt_ms)
+            self._pending_debt_ms = 0.0
+            self._pending_debt_item = None
+        frame_ms = self._frame_ms
+        if frame.audio_samples < self._frame_samples:
+            return False  # padded: its silence is booked once it is queued
+        if self._debt_ms + TIME_EPSILON_MS < frame_ms:
+            return False
+        if (
+            not self._buffer.buffered_samples
+            and queued_ms < self._max_lead_ms - frame_ms - SHED_QUEUE_SLACK_MS
+        ):
+            # Nothing waits behind this frame and it did not wait for room: the delay
+            # is not held here (the brain is simply later now); shedding would starve.
+            return False
+        if not _is_silent(frame.pcm):
+            return False
+        self._debt_ms -= frame_ms
+        self._shed_ms += frame_ms
+        self.last_shed.append(frame)
+        return True
 
     def _start_met(self, now_ms: float) -> bool:
         start = self._start_ms
         return (
             self._buffer.buffered_ms >= start or now_ms - self._primed_at + TIME_EPSILON_MS >= start
         )
+
+
+def _is_silent(pcm: bytes) -> bool:
+    """True when a frame of s16le is a pause (RMS at or below :data:`SHED_SILENCE_RMS`)."""
+    samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float32)
+    return bool(samples.size) and float(np.sqrt(np.mean(samples * samples))) <= SHED_SILENCE_RMS

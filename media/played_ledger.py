@@ -76,6 +76,13 @@ class PlayedLedger:
         self._sent += 1
         return entry
 
+    def skipped(self, frame: PlayoutFrame) -> None:
+        """``frame`` was shed (a pause dropped to win back delay): its item moves on
+        past it without it taking any time on the provider's timeline."""
+        item = frame.item
+        if item is not None:
+            self._item_samples[item] = self._item_samples.get(item, 0) + frame.audio_samples
+
     def extended(self, now_ms: float, ms: float) -> None:
         """``ms`` of audio outside any frame (the resampler's tail) was queued at ``now_ms``:
         frames sent after it start that much later."""

@@ -12,6 +12,9 @@ import contextlib
 import json
 
 import numpy as np
+import numpy.typing as npt
+import pytest
+import soxr
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
@@ -29,11 +32,18 @@ from brains.tap import (
     TapEncoder,
     TurnOwner,
 )
-from gateway.engine_rig import RATE, ReflexRig
+from gateway.engine_rig import LINE_RATE, RATE, ReflexRig
 from gateway.media_engine import BadInput, BrainAudio, MediaEngine
 from media.echo_gate import EchoGate
-from media.formats import TWILIO_MULAW_8K, Encoding, MediaFormat
+from media.formats import (
+    CANONICAL_FRAME_BYTES,
+    FRAME_MS,
+    TWILIO_MULAW_8K,
+    Encoding,
+    MediaFormat,
+)
 from media.g711 import ulaw_encode
+from media.pacer import DEFAULT_LEAD_MS
 from media.vad import SPEECH_THRESHOLD, make_detector
 from tests.conftest import eventually, gateway_config, serve_gateway
 from tests.test_gateway_calls import start_stream
@@ -245,3 +255,34 @@ def test_a_real_time_stream_with_jitter_keeps_a_bounded_delay() -> None:
         delays.append(provider_end - now)  # what this frame waits behind at the provider
     assert max(delays[-500:]) <= max(delays[:500]) + 20, (max(delays[:500]), max(delays[-500:]))
     assert max(delays) <= 140
+
+
+def _heard_delay_ms(rig: ReflexRig, reply8: npt.NDArray[np.float64], at_s: float) -> float:
+    """When 1 s of the reply, due at ``at_s`` on the brain's own timeline (0.2 s + its
+    offset), plays on the caller's line, minus ``at_s``: the delay the caller hears."""
+    a = int(at_s * LINE_RATE)
+    segment = reply8[a - int(0.2 * LINE_RATE) : a - int(0.2 * LINE_RATE) + LINE_RATE]
+    window = rig.played[a : a + 2 * LINE_RATE]
+    return float(np.argmax(np.correlate(window, segment, mode="valid"))) * 1000 / LINE_RATE
+
+
+@pytest.mark.parametrize("late_ms", [30.0, 300.0])
+def test_a_brain_late_mid_reply_is_won_back_within_3_s(late_ms: float, speech_pcm: bytes) -> None:
+    """Issue 14: a brain whose audio stalls mid-reply, then comes with its backlog at once,
+    costs the caller one gap, not a latency step for the rest of the call."""
+    speech = np.frombuffer(speech_pcm[: 9 * 8000 * 2], dtype="<i2").astype(np.float64)
+    reply = soxr.resample(speech, 8000, RATE).clip(-32768, 32767).astype("<i2").tobytes()
+    rig = ReflexRig(seconds=10.0, echo_loss_db=None, hello=UNINTERRUPTIBLE)
+    stall_s = 3.0
+    for k, a in enumerate(range(0, len(reply), CANONICAL_FRAME_BYTES)):
+        due_s = 0.2 + k * FRAME_MS / 1000
+        at_s = max(due_s, stall_s + late_ms / 1000) if due_s >= stall_s else due_s
+        rig.say(reply[a : a + CANONICAL_FRAME_BYTES], "answer", at_s=at_s)
+    rig.run()
+    reply8 = soxr.resample(np.frombuffer(reply, dtype="<i2").astype(np.float64), RATE, LINE_RATE)
+    before = _heard_delay_ms(rig, reply8, 2.0)
+    after = [_heard_delay_ms(rig, reply8, stall_s + late_ms / 1000 + s) for s in (3.0, 4.0, 5.0)]
+    assert all(abs(d - before) <= 1.0 for d in after), (before, after)
+    assert rig.pacer.delay_debt_ms < FRAME_MS
+    assert rig.pacer.shed_ms >= late_ms - DEFAULT_LEAD_MS  # the queued lead covered the rest
+    assert rig.pacer.lead_ms_now(rig.now) <= DEFAULT_LEAD_MS

@@ -18,6 +18,11 @@ def _audio(ms: float) -> bytes:
     return bytes(2 * int(ms * 24))
 
 
+def _voice(ms: float) -> bytes:
+    """Loud audio (a square wave at about -20 dBFS): never shed."""
+    return (b"\xb8\x0b\x48\xf4" * int(ms * 12))[: 2 * int(ms * 24)]
+
+
 @dataclass
 class Call:
     """Drives a pacer the way the glue does: poll on new audio and at next_poll_ms()."""
@@ -170,15 +175,93 @@ def test_partial_frame_is_completed_when_audio_arrives_in_time() -> None:
 
 def test_underrun_counted_for_a_mid_item_gap() -> None:
     call = Call()
-    call.push(0.0, _audio(100), "a")
+    call.push(0.0, _voice(100), "a")
     call.run_until(120.0)
     assert call.state() is PacerState.STARVED  # provider ran dry at 100 ms
-    call.push(150.0, _audio(100), "a")
+    call.push(150.0, _voice(100), "a")
     assert call.pacer.underruns == 1
     assert call.pacer.underrun_ms == 50.0
     assert call.state() is PacerState.PLAYING  # 100 ms >= start threshold
     call.run_until(400.0)
-    assert call.pacer.frames_sent == 10
+    assert call.pacer.frames_sent == 10  # loud audio is never shed
+    assert call.pacer.delay_debt_ms == 50.0  # the rest of "a" plays 50 ms late: owed
+
+
+def test_a_late_burst_is_won_back_in_its_next_pause() -> None:
+    call = Call()
+    call.push(0.0, _voice(100), "a")
+    call.run_until(120.0)
+    # 50 ms late, then the backlog at once: voice, a 60 ms pause, voice.
+    call.push(150.0, _voice(20) + _audio(60) + _voice(100), "a")
+    call.run_until(600.0)
+    assert call.pacer.shed_ms == 40.0  # two whole silent frames of the pause
+    assert call.pacer.delay_debt_ms == 10.0  # less than a frame stays owed
+    assert call.pacer.frames_sent == 5 + 9 - 2  # every voice frame was sent
+    assert call.sent[5][1].pcm == _voice(20) and call.sent[6][1].pcm == _audio(20)
+
+
+def test_loud_audio_is_never_shed() -> None:
+    call = Call()
+    call.push(0.0, _voice(100), "a")
+    call.run_until(120.0)
+    call.push(150.0, _voice(400), "a")
+    call.run_until(800.0)
+    assert call.pacer.shed_ms == 0.0
+    assert call.pacer.delay_debt_ms == 50.0  # owed until a pause comes
+
+
+def test_nothing_is_shed_when_the_delay_is_not_held_here() -> None:
+    """A brain that is simply later now: its audio comes in real time, nothing waits."""
+    call = Call()
+    call.push(0.0, _voice(100), "a")
+    call.run_until(120.0)
+    arrivals = [(150.0 + 20 * k, _audio(20), "a") for k in range(20)]
+    call.run_until(600.0, arrivals)
+    # Only the start allowance (150 -> 170 ms) held audio here; that is won back ...
+    assert call.pacer.shed_ms == 20.0
+    # ... and the 50 ms the brain itself is late stays owed, never shed into a gap.
+    assert call.pacer.delay_debt_ms == 50.0
+    assert call.pacer.underruns == 1
+
+
+def test_debt_belongs_to_its_item_and_a_clear_forgets_it() -> None:
+    call = Call()
+    call.push(0.0, _voice(100), "a")
+    call.run_until(120.0)
+    call.push(150.0, _audio(200), "b")  # a new item after a gap: nothing owed, nothing shed
+    call.run_until(500.0)
+    assert call.pacer.shed_ms == 0.0
+    call.push(500.0, _voice(100), "c")
+    call.run_until(700.0)
+    call.push(750.0, _voice(60), "c")  # late: owed ...
+    assert call.pacer.delay_debt_ms == 150.0
+    call.pacer.clear(760.0)  # ... until a barge-in cuts the item
+    assert call.pacer.delay_debt_ms == 0.0
+    call.push(800.0, _audio(200), "c")
+    call.run_until(1100.0)
+    assert call.pacer.shed_ms == 0.0
+
+
+def test_drained_silence_is_owed_when_the_item_goes_on() -> None:
+    call = Call()
+    call.push(0.0, _voice(40), "a")
+    call.run_until(30.0)
+    call.pacer.extend(30.0, 40.0, inserted_ms=40.0)  # the resampler's tail: plays 40-80 ms
+    call.push(60.0, _audio(100), "a")  # the item goes on behind 40 ms of inserted silence
+    call.run_until(300.0)
+    assert call.pacer.shed_ms == 40.0
+    assert call.pacer.delay_debt_ms == 0.0
+
+
+def test_drained_silence_then_a_gap_are_both_owed() -> None:
+    call = Call()
+    call.push(0.0, _voice(40), "a")
+    call.run_until(30.0)
+    call.pacer.extend(30.0, 40.0, inserted_ms=40.0)
+    call.run_until(100.0)  # the queue ran dry at 80 ms
+    call.push(100.0, _audio(100), "a")  # 40 ms drained + 20 ms gap heard inside "a"
+    call.run_until(300.0)
+    assert call.pacer.shed_ms == 60.0
 
 
 @pytest.mark.parametrize(("first", "second"), [("a", "b"), (None, None), ("a", None)])
