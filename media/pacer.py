@@ -57,6 +57,9 @@ SHED_SILENCE_RMS = 584.0
 #: mid-reply is won back over its next pauses, and a bounded number keeps one
 #: pathological stall from eating every pause of a long reply.
 MAX_DELAY_DEBT_MS = 2000.0
+#: Less than a frame owed is cut from a silent frame's head when at least this many
+#: samples are owed (1 ms at 24 kHz): a 3 ms residue is a step a correlation sees.
+MIN_PARTIAL_SHED_SAMPLES = 24
 #: A frame may be shed with nothing buffered behind it if the provider's queue still
 #: holds the lead less one frame, less this slack (ms): the frame had to wait for
 #: room, so it was excess; after the shed the queue keeps two frames of cushion for
@@ -383,7 +386,7 @@ class Pacer:
         if frame.audio_samples < self._frame_samples:
             return False  # padded: its silence is booked once it is queued
         if self._debt_ms + TIME_EPSILON_MS < frame_ms:
-            return False
+            return self._shed_part(frame)
         if (
             not self._buffer.buffered_samples
             and queued_ms < self._max_lead_ms - frame_ms - SHED_QUEUE_SLACK_MS
@@ -396,6 +399,22 @@ class Pacer:
         self._debt_ms -= frame_ms
         self._shed_ms += frame_ms
         self.last_shed.append(frame)
+        return True
+
+    def _shed_part(self, frame: PlayoutFrame) -> bool:
+        """Less than a frame owed: cut that much from the head of a silent ``frame``
+        when audio waits behind it to fill the frame again; True when cut."""
+        per_ms = self._frame_samples / self._frame_ms
+        cut = int(self._debt_ms * per_ms)
+        if cut < MIN_PARTIAL_SHED_SAMPLES or self._buffer.buffered_samples < cut:
+            return False
+        if not _is_silent(frame.pcm):
+            return False
+        rest = self._frame_samples - cut
+        self._buffer.requeue([PlayoutFrame(frame.pcm[2 * cut :], frame.item, rest)])
+        self._debt_ms = max(0.0, self._debt_ms - cut / per_ms)
+        self._shed_ms += cut / per_ms
+        self.last_shed.append(PlayoutFrame(frame.pcm[: 2 * cut], frame.item, cut))
         return True
 
     def _start_met(self, now_ms: float) -> bool:
