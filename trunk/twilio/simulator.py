@@ -103,6 +103,12 @@ class SimulatedCallResult:
     #: The caller audio actually sent (PCM16 8 kHz), filled by
     #: :meth:`TwilioSimulator.place_reactive_call`.
     sent_pcm: bytes = b""
+    #: Each gap heard: (when it began, how long), ms on the caller's timeline.
+    gaps: list[tuple[float, float]] = field(default_factory=list)
+    #: Moments the simulator itself did not run on time (its process descheduled, a
+    #: garbage collection): (when, how late), ms on the caller's timeline. Real Twilio
+    #: keeps its own clock, so audio timing the simulator recorded then is its error.
+    harness_stalls: list[tuple[float, float]] = field(default_factory=list)
 
     def inter_arrival_jitter_ms(self, percentile: float = 99.0) -> float:
         """Percentile of |inter-arrival - audio duration| over consecutive media messages."""
@@ -232,6 +238,7 @@ class _Playback:
             # Queue ran dry while audio was still coming: the caller heard a gap.
             result.heard_gaps += 1
             result.heard_gap_ms += now - self.queue_end
+            result.gaps.append((self.queue_end - self.t0, now - self.queue_end))
         if self.run_start is None or now > self.queue_end + 0.5:
             self.run_start = max(now, self.queue_end)
         start = max(now, self.queue_end)
@@ -278,6 +285,26 @@ class _Playback:
             samples = np.frombuffer(pcm, dtype=np.int16)
             out[idx : idx + len(samples)] = samples[: max(0, total - idx)]
         return out.tobytes()
+
+
+#: How often the simulator checks that its own event loop runs on time (seed decision:
+#: half a frame, so a stall worth a frame is seen).
+STALL_WATCH_PERIOD_MS = 10.0
+#: Lateness of that check counted as a stall of the simulator itself (seed decision:
+#: well above asyncio's timer jitter of about 1 ms, below a 20 ms frame).
+HARNESS_STALL_MS = 15.0
+
+
+async def _watch_own_stalls(t0: float, result: SimulatedCallResult) -> None:
+    """Record in ``result.harness_stalls`` each time this event loop ran late."""
+    due = time.monotonic() * 1000.0
+    while True:
+        due += STALL_WATCH_PERIOD_MS
+        await asyncio.sleep(max(0.0, due / 1000.0 - time.monotonic()))
+        now = time.monotonic() * 1000.0
+        if now - due > HARNESS_STALL_MS:
+            result.harness_stalls.append((due - t0, now - due))
+            due = now
 
 
 #: How long a finished call waits for its reader task to drain the socket.
@@ -585,6 +612,7 @@ class TwilioSimulator:
         stream_sid: str,
     ) -> None:
         mark_tasks: set[asyncio.Task[None]] = set()
+        watch = asyncio.create_task(_watch_own_stalls(playback.t0, result))
 
         async def echo_mark(name: str, at_ms: float) -> None:
             delay = (at_ms - time.monotonic() * 1000.0) / 1000.0
@@ -631,6 +659,7 @@ class TwilioSimulator:
         except ConnectionClosed:
             pass
         finally:
+            watch.cancel()
             result.close_code = ws.close_code
             result.close_reason = ws.close_reason or ""
             for task in list(mark_tasks):
@@ -726,6 +755,67 @@ def best_lag_correlation(
     if x.std() == 0 or y.std() == 0:
         return 0.0, lag
     return float(np.corrcoef(x, y)[0, 1]), lag
+
+
+#: Window of the echo judgement (seed decision: a second holds a few words, so its
+#: correlation is stable, and one stall spoils at most one or two windows).
+ECHO_WINDOW_MS = 1000
+#: Largest delay change searched between windows (ms): far above any step a stall makes.
+ECHO_WINDOW_MAX_LAG_MS = 500
+#: A window this quiet (RMS of the sent audio, -45 dBFS) has no speech to correlate.
+ECHO_WINDOW_MIN_RMS = 180.0
+
+
+@dataclass(frozen=True)
+class EchoWindow:
+    """One window of an echo call, judged at its own best delay."""
+
+    start_ms: int
+    correlation: float
+    lag_samples: int
+    #: The simulator itself stalled in or just before this window, so what it
+    #: recorded there is not the gateway's doing (see ``harness_stalls``).
+    harness_stalled: bool
+
+
+def echo_windows(
+    sent: bytes,
+    result: SimulatedCallResult,
+    *,
+    base_lag_samples: int,
+    window_ms: int = ECHO_WINDOW_MS,
+) -> list[EchoWindow]:
+    """Correlate each window of ``sent`` with what was heard around ``base_lag_samples``.
+
+    Windows with no speech in ``sent`` are skipped; a last window shorter than
+    half of ``window_ms`` is left out. A window is marked
+    ``harness_stalled`` when the simulator ran late between one window before
+    it and its end (the echo of a window reflects the frames sent up to a
+    round trip earlier).
+    """
+    rate = SIM_SAMPLE_RATE
+    step = window_ms * rate // 1000 * 2
+    reach = ECHO_WINDOW_MAX_LAG_MS * rate // 1000
+    out: list[EchoWindow] = []
+    heard = result.heard_pcm
+    for start in range(0, len(sent) - step // 2 + 1, step):
+        chunk = sent[start : start + step]  # the last may be short, at least half a window
+        samples = np.frombuffer(chunk, dtype=np.int16).astype(np.float64)
+        if float(np.sqrt(np.mean(samples * samples))) < ECHO_WINDOW_MIN_RMS:
+            continue
+        begin = max(0, start + 2 * (base_lag_samples - reach))  # bytes
+        corr, lag = best_lag_correlation(
+            chunk,
+            heard[begin : start + 2 * (base_lag_samples + reach) + step],
+            max_lag_samples=2 * reach,
+        )
+        start_ms = start // 2 * 1000 // rate
+        stalled = any(
+            start_ms - window_ms <= at <= start_ms + window_ms + base_lag_samples * 1000 / rate
+            for at, _ in result.harness_stalls
+        )
+        out.append(EchoWindow(start_ms, corr, begin // 2 + lag - start // 2, stalled))
+    return out
 
 
 #: Level above which a 20 ms frame of what the caller heard counts as reply audio:

@@ -1,0 +1,69 @@
+"""One judgement of an echo call heard through the Twilio simulator, shared by the e2e tests.
+
+The echo brain sends the caller's audio straight back, so what the caller
+heard is what it said, a round trip later. Judged window by window
+(:func:`trunk.twilio.simulator.echo_windows`), each at its own delay:
+
+- every window with speech correlates at least :data:`MIN_WINDOW_CORRELATION`;
+- the delay at the end is within :data:`MAX_LASTING_STEP_SAMPLES` of the
+  delay at the start: a stall may cost a short gap, never a latency step for
+  the rest of the call (``media/pacer.py`` wins it back);
+- no gap was heard.
+
+The simulator stands in for Twilio, whose playback keeps its own clock. When
+the simulator itself ran late (its process descheduled on a loaded machine),
+the arrival times it recorded are its own error: windows and gaps around such
+a stall are not judged, and the delay it left is added to what may last.
+"""
+
+from __future__ import annotations
+
+from trunk.twilio.simulator import SimulatedCallResult, best_lag_correlation, echo_windows
+
+#: Correlation a window of echoed speech must reach (μ-law both ways and two
+#: resamplings leave about 0.94 on the project's recording: measured).
+MIN_WINDOW_CORRELATION = 0.9
+#: Largest lasting delay change (one 20 ms frame at 8 kHz): ITU-T G.114 puts the
+#: one-way delay that conversation tolerates at 150 ms; a frame is far below what
+#: a caller notices, and the pacer sheds whole silent frames.
+MAX_LASTING_STEP_SAMPLES = 160
+#: The start's delay is taken from this much of the call (3 s, several words).
+START_BYTES = 3 * 8000 * 2
+#: The end of the caller's audio not judged (40 ms, 8 kHz s16le): the simulator stops
+#: sending frames when its audio ends (a real phone never does mid-call), so the
+#: inbound resampler keeps its last ~25 ms (media/transform.py) and it is never echoed.
+END_TRIM_BYTES = 40 * 8 * 2
+#: A gap this close to a stall of the simulator (ms) is the simulator's doing.
+STALL_GAP_MARGIN_MS = 100.0
+
+
+def assert_echo_intact(
+    sent: bytes, result: SimulatedCallResult, *, gaps_allowed: bool = False
+) -> int:
+    """Assert ``result`` heard ``sent`` echoed whole; return the round trip (samples)."""
+    sent = sent[:-END_TRIM_BYTES]
+    _, base_lag = best_lag_correlation(sent[:START_BYTES], result.heard_pcm)
+    windows = echo_windows(sent, result, base_lag_samples=base_lag)
+    judged = [w for w in windows if not w.harness_stalled]
+    summary = ", ".join(
+        f"{w.start_ms / 1000:.0f}s {w.correlation:.2f}@{w.lag_samples / 8:.0f}ms"
+        + ("(sim stalled)" if w.harness_stalled else "")
+        for w in windows
+    )
+    detail = f"windows [{summary}]; sim stalls {result.harness_stalls}; gaps {result.gaps}"
+    assert judged, f"no window could be judged: {detail}"
+    assert all(w.correlation >= MIN_WINDOW_CORRELATION for w in judged), detail
+    harness_delay = round(sum(ms for _, ms in result.harness_stalls) * 8)
+    step = judged[-1].lag_samples - judged[0].lag_samples
+    assert abs(step) <= MAX_LASTING_STEP_SAMPLES + harness_delay, f"delay step {step}: {detail}"
+    if not gaps_allowed:
+        gaps = [
+            (at, ms)
+            for at, ms in result.gaps
+            if not any(
+                abs(at - stall_at) <= STALL_GAP_MARGIN_MS + ms
+                for stall_at, _ in result.harness_stalls
+            )
+        ]
+        assert not gaps, f"gaps heard: {detail}"
+    return judged[0].lag_samples
