@@ -25,6 +25,7 @@ import json
 import secrets
 import time
 import wave
+import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -295,16 +296,54 @@ STALL_WATCH_PERIOD_MS = 10.0
 HARNESS_STALL_MS = 15.0
 
 
-async def _watch_own_stalls(t0: float, result: SimulatedCallResult) -> None:
-    """Record in ``result.harness_stalls`` each time this event loop ran late."""
-    due = time.monotonic() * 1000.0
-    while True:
-        due += STALL_WATCH_PERIOD_MS
-        await asyncio.sleep(max(0.0, due / 1000.0 - time.monotonic()))
-        now = time.monotonic() * 1000.0
-        if now - due > HARNESS_STALL_MS:
-            result.harness_stalls.append((due - t0, now - due))
-            due = now
+class _StallWatch:
+    """Notices when this event loop runs late; one per loop, shared by its calls.
+
+    Real Twilio keeps its own clock; a simulator that was not scheduled on time
+    recorded arrival times late by that much, so each call gets the stalls that
+    happened while it ran (:attr:`SimulatedCallResult.harness_stalls`).
+    """
+
+    def __init__(self) -> None:
+        self.stalls: list[tuple[float, float]] = []  # (when due, how late), monotonic ms
+        self.users = 0
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        due = time.monotonic() * 1000.0
+        while True:
+            due += STALL_WATCH_PERIOD_MS
+            await asyncio.sleep(max(0.0, due / 1000.0 - time.monotonic()))
+            now = time.monotonic() * 1000.0
+            if now - due > HARNESS_STALL_MS:
+                self.stalls.append((due, now - due))
+                due = now
+
+    def join(self) -> None:
+        self.users += 1
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self.run())
+
+    def leave(self, t0: float, result: SimulatedCallResult) -> None:
+        result.harness_stalls = [(at - t0, ms) for at, ms in self.stalls if at >= t0]
+        self.users -= 1
+        if not self.users and self.task is not None:
+            self.task.cancel()
+            self.task = None
+            self.stalls.clear()
+
+
+_STALL_WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _StallWatch] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _stall_watch() -> _StallWatch:
+    loop = asyncio.get_running_loop()
+    watch = _STALL_WATCHES.get(loop)
+    if watch is None:
+        watch = _STALL_WATCHES[loop] = _StallWatch()
+    return watch
 
 
 #: How long a finished call waits for its reader task to drain the socket.
@@ -612,7 +651,8 @@ class TwilioSimulator:
         stream_sid: str,
     ) -> None:
         mark_tasks: set[asyncio.Task[None]] = set()
-        watch = asyncio.create_task(_watch_own_stalls(playback.t0, result))
+        watch = _stall_watch()
+        watch.join()
 
         async def echo_mark(name: str, at_ms: float) -> None:
             delay = (at_ms - time.monotonic() * 1000.0) / 1000.0
@@ -659,7 +699,7 @@ class TwilioSimulator:
         except ConnectionClosed:
             pass
         finally:
-            watch.cancel()
+            watch.leave(playback.t0, result)
             result.close_code = ws.close_code
             result.close_reason = ws.close_reason or ""
             for task in list(mark_tasks):
