@@ -25,11 +25,12 @@ from gateway.backoff import TAP_RECONNECT_DELAYS_S
 from gateway.launcher import LOOPBACK, Service, echo_brain_process, gateway_process, spawn
 from media.pacer import DEFAULT_LEAD_MS
 from tests.conftest import eventually
-from tests.echo_checks import assert_echo_intact
+from tests.echo_checks import MAX_LASTING_STEP_SAMPLES, assert_echo_intact, transient_steps_only
 from trunk.twilio.simulator import (
     TwilioSimulator,
     best_lag_correlation,
     connected_message,
+    echo_windows,
     new_sid,
     start_message,
 )
@@ -145,12 +146,21 @@ async def test_brain_killed_mid_call_comes_back(stack: Stack, speech_pcm: bytes)
         judged_s = KILLED_BRAIN_CALL_S - echoed_from_s
         assert judged_s >= MIN_JUDGED_S, f"brain took {back_at_s[0]:.1f} s to come back"
         judged = round(judged_s * 8000)
-        corr, _ = best_lag_correlation(
-            pcm[-judged * 2 :], heard[-(judged + 8000) :].tobytes(), max_lag_samples=2 * 8000
+        start = len(pcm) - judged * 2
+        _, base_lag = best_lag_correlation(
+            pcm[start:], heard[start // 2 :].tobytes(), max_lag_samples=2 * 8000
         )
-        assert corr >= 0.9, (
-            f"correlation after reconnect {corr:.3f} over the last {judged_s:.1f} s "
-            f"(brain back at {back_at_s[0]:.1f} s)"
+        windows = [
+            w
+            for w in echo_windows(pcm, result, base_lag_samples=base_lag)
+            if w.start_ms >= echoed_from_s * 1000 and not w.harness_stalled
+        ]
+        stalls = round(sum(ms for _, ms in result.harness_stalls) * 8)
+        problem = transient_steps_only(
+            [(w.correlation, w.lag_samples) for w in windows], MAX_LASTING_STEP_SAMPLES + stalls
+        )
+        assert problem is None, (
+            f"after reconnect (brain back at {back_at_s[0]:.1f} s): {problem}: {windows}"
         )
         final = await settled_metrics(url)
         assert final["rutster_tap_reconnects_total"] >= 1

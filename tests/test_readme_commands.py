@@ -5,10 +5,11 @@ right before a fenced block) out of README.md or docs/SIP.md, runs its commands 
 subprocesses, places a call of recorded speech (``tests/fixtures/audio/caller_speech_8k.wav``)
 and checks that the caller hears their own speech back, on time all call long:
 
-- correlation of what the caller heard with what was said ≥ :data:`MIN_CORRELATION`
-  (:func:`best_lag_correlation` over the whole call);
-- no growing delay: the echo lag over the first and over the last :data:`WINDOW_S` of the
-  call (same helper, per window) differ by ≤ :data:`MAX_LAG_DRIFT_MS`;
+- correlation of what the caller heard with what was said ≥ 0.9 per 2 s segment, but
+  for a lone segment where a stall moved the delay and it was won back
+  (:func:`tests.echo_checks.transient_steps_only`);
+- no growing delay: the last good segment's lag is within :data:`MAX_LAG_DRIFT_MS` of the
+  first's, and the first and last :data:`WINDOW_S` of the call are echoed;
 - on the SIP path, whose pjsua2 jitter buffers may shift the lag by a frame when load
   changes, the same is judged per :data:`JB_SEGMENT_S` segment instead
   (:func:`segmented_echo`): most voiced segments at ≥ :data:`MIN_CORRELATION`, and the lag
@@ -74,6 +75,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.env_values import read_secret
 from gateway.launcher import LOOPBACK, Service, free_port, wait_listening
+from tests.echo_checks import transient_steps_only
 from trunk.twilio.simulator import TwilioSimulator, best_lag_correlation, read_wav_8k
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -398,30 +400,41 @@ def echo_figures(sent: bytes, heard: bytes, rate: int) -> EchoFigures:
 TIMELINE_SEGMENT_S = 2.0
 
 
-def lag_timeline(sent: bytes, heard: bytes, rate: int) -> str:
-    """``t s: lag ms (correlation)`` per segment: where a lag step happened, if any."""
+def lag_segments(sent: bytes, heard: bytes, rate: int) -> list[tuple[float, int]]:
+    """(correlation, lag in samples) of each :data:`TIMELINE_SEGMENT_S` segment of ``sent``."""
     seg = int(TIMELINE_SEGMENT_S * rate) * 2
     max_lag = int(MAX_LAG_S * rate)
-    parts = []
-    for start in range(0, len(sent) - seg + 1, seg):
-        c, lag = best_lag_correlation(
+    return [
+        best_lag_correlation(
             sent[start : start + seg],
             heard[start : start + seg + 2 * max_lag],
             max_lag_samples=max_lag,
         )
-        parts.append(f"{start / 2 / rate:.0f}s {lag * 1000 / rate:.0f}ms ({c:.2f})")
-    return ", ".join(parts)
+        for start in range(0, len(sent) - seg + 1, seg)
+    ]
 
 
-def assert_echo_on_time(label: str, figures: EchoFigures, timeline: str = "") -> None:
+def lag_timeline(sent: bytes, heard: bytes, rate: int) -> str:
+    """``t s: lag ms (correlation)`` per segment: where a lag step happened, if any."""
+    return ", ".join(
+        f"{i * TIMELINE_SEGMENT_S:.0f}s {lag * 1000 / rate:.0f}ms ({c:.2f})"
+        for i, (c, lag) in enumerate(lag_segments(sent, heard, rate))
+    )
+
+
+def assert_echo_on_time(label: str, sent: bytes, heard: bytes, rate: int) -> None:
+    """Echoed whole and on time, segment by segment (tests/echo_checks.py's rule: a
+    lone segment where a stall moved the delay passes if the delay was won back)."""
+    figures = echo_figures(sent, heard, rate)
+    timeline = lag_timeline(sent, heard, rate)
     print(f"[{label}] {figures}\n[{label}] lag per {TIMELINE_SEGMENT_S:.0f} s: {timeline}")
-    assert figures.correlation >= MIN_CORRELATION, f"{label}: {figures}"
+    max_step = round(MAX_LAG_DRIFT_MS * rate / 1000)
+    problem = transient_steps_only(lag_segments(sent, heard, rate), max_step, f"{label}: ")
+    assert problem is None, f"{problem}: {timeline}"
     for name, (corr, _) in (("first", figures.first), ("last", figures.last)):
         assert corr >= MIN_WINDOW_CORRELATION, (
             f"{label}: the {name} window is not echoed: {figures}"
         )
-    drift = figures.last[1] - figures.first[1]
-    assert abs(drift) <= MAX_LAG_DRIFT_MS, f"{label}: the echo lag moved {drift:+.1f} ms: {figures}"
 
 
 #: Segment length of the jitter-buffered (SIP) check: a word or two of the fixture, the same
@@ -560,9 +573,7 @@ async def test_running_it_for_real_echoes_a_twilio_call_on_time() -> None:
         paused = barge_in_pauses(stack.gateway_url)
     assert result.frames_sent == len(speech) // 320
     heard = result.heard_pcm
-    assert_echo_on_time(
-        "real, Twilio", echo_figures(speech, heard, 8000), lag_timeline(speech, heard, 8000)
-    )
+    assert_echo_on_time("real, Twilio", speech, heard, 8000)
     assert paused == 0, f"{paused:.0f} barge-in pauses on an echo call"
 
 
@@ -579,9 +590,7 @@ async def test_try_it_locally_echoes_a_twilio_call_on_time() -> None:
         speech = read_wav_8k(stack.scratch / wav)
         heard = read_wav_8k(stack.scratch / out)
     assert len(speech) >= 20 * 8000 * 2
-    assert_echo_on_time(
-        "local, rutster call", echo_figures(speech, heard, 8000), lag_timeline(speech, heard, 8000)
-    )
+    assert_echo_on_time("local, rutster call", speech, heard, 8000)
     assert paused == 0, f"{paused:.0f} barge-in pauses on an echo call"
 
 
