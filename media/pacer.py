@@ -65,6 +65,10 @@ MIN_PARTIAL_SHED_SAMPLES = 24
 #: room, so it was excess; after the shed the queue keeps two frames of cushion for
 #: the next real-time frame. Seed decision (a quarter frame of clock jitter).
 SHED_QUEUE_SLACK_MS = 5.0
+#: A poll this late past the provider's queue end (ms) counts as a gap the caller
+#: heard: a quarter frame, above asyncio's ~1 ms timer lateness at the planned wake
+#: when a partial frame is padded. Seed decision.
+LATE_POLL_MIN_MS = 5.0
 
 
 class PacerState(StrEnum):
@@ -244,7 +248,7 @@ class Pacer:
         max_lead = self._max_lead_ms
         frame_samples = self._frame_samples
         late_ms = now_ms - self._queued_until
-        if late_ms > TIME_EPSILON_MS and buffer.buffered_samples:
+        if late_ms > LATE_POLL_MIN_MS and buffer.buffered_samples:
             # Polled after the provider's queue ran dry with audio still waiting here
             # (this loop was late: a stall, a descheduled process): the caller heard
             # that silence inside the item, so the rest of it plays that much later.
