@@ -23,25 +23,39 @@ still hear a caller who talks over the assistant (double talk).
    better (hysteresis), so double talk, which blurs the correlation, does
    not move it. The delay moves at most once per update; a jump of more
    than ``delay_spread_ms`` is a new echo path and drops all ERL learned.
-3. The echo expected in a capture frame is the loudest render frame within
-   ``delay_spread_ms`` of that delay (a delay between frame boundaries, the
-   echo path's smearing) minus the ERL. Without a delay it is the loudest
-   render frame anywhere in the search range minus the ERL: conservative
-   whatever the delay, so echo is gated from the first frame on.
+3. The echo expected in a capture frame, once a delay is known, is the
+   loudest render frame within ``delay_spread_ms`` of that delay (a delay
+   between frame boundaries, the echo path's smearing) minus the ERL.
+   Without a delay the echo may be at any lag, and each lag has its own
+   proven ERL (item 4): the echo expected is the loudest (render at a lag
+   minus that lag's ERL), so a lag whose render was loud while the line
+   stayed quiet carries no echo however loud its render is.
 4. The ERL starts at ``min_erl_db``, the worst a line is assumed to have,
    and is learned only from what cannot be the caller:
 
-   - *Without a delay: proven bounds.* The echo in a frame is never louder
-     than the frame (energies add), so were the echo at lag d, the ERL is at
-     least (render at d - capture) for every frame heard, whoever talked:
-     double talk only weakens the bound. Every update raises each lag's
-     bound from the last ``correlation_window_ms`` (the quietest render
-     within ``delay_spread_ms`` of the lag, less ``proof_wobble_db``); the
-     ERL is the weakest bound of all lags, so it never falls. A clean line
-     proves itself as soon as every lag has had a frame where its render was
-     loud and the line quiet (the old rule, the lowest (render peak -
-     capture) of frames judged not near end, let a caller judged echo drag
-     it down).
+   - *Without a delay: proven bounds, per lag.* The echo in a frame is
+     never louder than the frame (energies add), so were the echo at lag d,
+     the ERL is at least (render at d - capture) for every frame heard,
+     whoever talked: double talk only weakens the bound. Every frame raises
+     each lag's bound (the quietest render within ``delay_spread_ms`` of the
+     lag, less ``proof_wobble_db``), and each lag's ERL in use follows its
+     bound up by at most ``max_proof_rise_db_per_s``. A clean line proves a
+     lag clean one frame after that lag's render was loud and the line
+     quiet (the old rule took the weakest bound of all lags for every lag,
+     so a caller who spoke 300 ms into the call's first answer waited until
+     lags the answer had not reached yet were proven).
+   - *Coherence, for what energy cannot clear.* A frame the energies call
+     echo, without a delay, at least ``COHERENCE_FLOOR_DBFS`` and
+     ``COHERENCE_NOISE_MARGIN_DB`` over the line's noise floor, is compared
+     as a waveform (8 kHz, pre-emphasised) with everything played over the
+     lag range: a best normalised cross-correlation under
+     ``echo_coherence`` means it is no copy of anything played, so it is the
+     caller. That is the caller who starts d ms into the call's first answer,
+     whom energy alone cannot tell from the answer's own echo d ms late.
+     Measured on tests/test_media_echo_gate.py's echo paths (6-20 dB ERL),
+     echo alone at -45 dBFS or louder correlates 0.95 at the median and never
+     under 0.40; it costs one 4096-point FFT correlation, and only runs on
+     such frames.
    - *With a delay: echo-alone evidence.* Finding a delay (the echo proven,
      item 2) resets the ERL to ``min_erl_db``; (render peak - capture) of
      frames judged echo only is kept as evidence only while the capture
@@ -91,14 +105,13 @@ clean line (tests/test_reflex.py), twelve interruptions in a row at -35 to
 answer (below).
 
 Limits, by design: energy cannot separate a caller who is no louder than the
-echo from that echo (the canceller can, partly); at 6-10 dB ERL a stretch of
-double talk can pass the echo-alone test and lower the ERL (the safe
-direction). Before every lag has been proven clean, a caller quieter than the
-assistant who starts d ms into the call's first answer looks exactly like
-its echo d ms late at ``min_erl_db``: heard once their own pauses prove the
-lags (measured 40, 280, 780 ms at -12, -22, -35 dBFS, 300 ms in). Render sent more than
-``render_ahead_ms`` ahead of the capture timeline is not modelled (the pacer
-sends ~60 ms ahead).
+echo from that echo once a delay is known (the canceller can, partly); at
+6-10 dB ERL a stretch of double talk can pass the echo-alone test and lower
+the ERL (the safe direction). The coherence test needs the render's waveform
+to match the echo's within the 8 kHz band: a strongly dispersive or
+non-linear echo path correlates less and is then taken for the caller until
+the delay is found. Render sent more than ``render_ahead_ms`` ahead of the
+capture timeline is not modelled (the pacer sends ~60 ms ahead).
 """
 
 from __future__ import annotations
@@ -123,11 +136,15 @@ from media.formats import (
 __all__ = [
     "CANCELLER",
     "CAPTURE_RESYNC_MS",
+    "COHERENCE_FLOOR_DBFS",
+    "COHERENCE_NOISE_MARGIN_DB",
+    "COHERENCE_NOISE_WINDOW_MS",
     "CORRELATION_WINDOW_MS",
     "DELAY_HYSTERESIS",
     "DELAY_SPREAD_MS",
     "DELAY_UPDATE_MS",
     "ECHO_CHECK_MS",
+    "ECHO_COHERENCE",
     "ECHO_ONLY_CORRELATION",
     "ERL_PERCENTILE",
     "ERL_SHIFT_DB",
@@ -137,6 +154,7 @@ __all__ = [
     "MAX_DELAY_MS",
     "MAX_ERL_DB",
     "MAX_ERL_RISE_DB_PER_S",
+    "MAX_PROOF_RISE_DB_PER_S",
     "MIN_CORRELATION",
     "MIN_CORRELATION_WINDOW_MS",
     "MIN_DELAY_MS",
@@ -247,6 +265,47 @@ CANCELLER = False
 #: only hides more, the safe direction.
 MAX_ERL_RISE_DB_PER_S = 120.0
 
+#: Fastest a lag's proven ERL in use may rise while no delay is known, dB per
+#: second: 12 dB a frame, so a lag proven clean reaches MAX_ERL_DB within three
+#: frames. A proof is a bound, not an estimate learned from what may be the
+#: caller, so it is allowed to move faster than MAX_ERL_RISE_DB_PER_S; bounded
+#: all the same, so one frame cannot open a lag at once (seed decision, kept
+#: on the tune split of bench/reflex.py).
+MAX_PROOF_RISE_DB_PER_S = 600.0
+
+#: Normalised cross-correlation (pre-emphasised 8 kHz waveforms, best offset
+#: over the whole lag range) below which a frame the energies cannot clear is
+#: taken for the caller: it is no copy of anything played. Chosen on the tune
+#: split (bench/reflex.py, and the tune recordings of scripted calls): 0.3 to
+#: 0.6 all cleared the first answer's interruptions on clean lines; 0.35 keeps
+#: a margin under echo alone (never below 0.40 at -45 dBFS and louder,
+#: tests/test_media_echo_gate.py's paths).
+ECHO_COHERENCE = 0.35
+#: Quietest frame the coherence test may clear (the reflex loop's barge-in
+#: floor, gateway.reflex CONFIRM_FLOOR_DBFS): under it, line noise and the
+#: mu-law steps blur even a pure echo's waveform (measured on
+#: tests/test_media_echo_gate.py's lines: echo alone at -50..-45 dBFS fell to
+#: 0.18, at -45 dBFS and louder never under 0.6).
+COHERENCE_FLOOR_DBFS = -45.0
+#: How far above the line's own noise floor (the quietest frame of the last
+#: COHERENCE_NOISE_WINDOW_MS) that frame must be: line noise is no copy of the
+#: render either, and must stay the VAD's to judge, not pause the assistant
+#: (seed decision: 6 dB, twice the frame-to-frame wobble of steady noise;
+#: checked on the tune split's -45 dBFS noise line).
+COHERENCE_NOISE_MARGIN_DB = 6.0
+#: Window of that noise floor: the endpointer's minimum-statistics window
+#: (media.endpointing NOISE_WINDOW_MS).
+COHERENCE_NOISE_WINDOW_MS = 1500.0
+#: Pre-emphasis before that correlation (seed decision: the usual 0.9 of speech
+#: analysis), so the low-frequency bulk that any two voices share does not
+#: correlate them.
+_PRE_EMPHASIS = 0.9
+#: Render energy, relative to the frames heard, under which an offset is not
+#: correlated at all (-60 dB: far below any echo the energies could not clear).
+_COHERENCE_MIN_RENDER = 1e-6
+#: Samples of one frame at 8 kHz: the coherence test runs on the phone band.
+_WAVE_FRAME = CANONICAL_FRAME_SAMPLES // 3
+
 #: Allowance taken off every proven ERL bound (measured, tests and
 #: bench/echo_gate.py): envelopes of echo alone wobble around render - ERL
 #: (the path's smearing, mu-law, +-2 dB of level wobble), so the highest
@@ -321,6 +380,17 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+def _phone_band(frame: bytes) -> npt.NDArray[np.float32]:
+    """A canonical frame at 8 kHz (the mean of each three samples, then every third).
+
+    The mean is a light low-pass (a null at 8 kHz) so that wideband render
+    folds little into the phone band; the coherence test needs no more.
+    """
+    x = np.frombuffer(frame, dtype="<i2").astype(np.float32).reshape(-1, 3)
+    band: npt.NDArray[np.float32] = x.mean(axis=1)
+    return band
+
+
 @dataclass(frozen=True, slots=True)
 class EchoGateConfig:
     """Tuning of an :class:`EchoGate`; durations round up to whole 20 ms frames."""
@@ -337,6 +407,8 @@ class EchoGateConfig:
     max_erl_db: float = MAX_ERL_DB
     max_erl_rise_db_per_s: float = MAX_ERL_RISE_DB_PER_S
     proof_wobble_db: float = PROOF_WOBBLE_DB
+    echo_coherence: float = ECHO_COHERENCE
+    max_proof_rise_db_per_s: float = MAX_PROOF_RISE_DB_PER_S
     erl_window_ms: float = ERL_WINDOW_MS
     min_erl_evidence_ms: float = MIN_ERL_EVIDENCE_MS
     erl_percentile: float = ERL_PERCENTILE
@@ -374,6 +446,7 @@ class EchoGateConfig:
             "erl_shift_db",
             "margin_db",
             "max_erl_rise_db_per_s",
+            "max_proof_rise_db_per_s",
             "proof_wobble_db",
         ):
             value = getattr(self, name)
@@ -389,7 +462,7 @@ class EchoGateConfig:
             raise ValueError("min_erl_evidence_ms must not exceed erl_window_ms")
         if not (math.isfinite(self.max_erl_db) and self.max_erl_db >= self.min_erl_db):
             raise ValueError("max_erl_db must be finite and at least min_erl_db")
-        for name in ("min_correlation", "echo_only_correlation"):
+        for name in ("min_correlation", "echo_only_correlation", "echo_coherence"):
             value = getattr(self, name)
             if not -1.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [-1, 1], got {value!r}")
@@ -492,6 +565,7 @@ class EchoGate:
         "_capture_env",
         "_capture_head",
         "_capture_resync",
+        "_capture_wave",
         "_config",
         "_delay",
         "_echo_check",
@@ -502,6 +576,7 @@ class EchoGate:
         "_erl_quantile",
         "_erl_ratios",
         "_judged_env",
+        "_lag_erl",
         "_lag_max",
         "_lag_min",
         "_margin",
@@ -509,14 +584,17 @@ class EchoGate:
         "_min_erl_evidence",
         "_min_window",
         "_near_end_floor",
+        "_noise_window",
         "_pending",
         "_pending_quiet",
         "_proof",
+        "_proof_rise",
         "_proof_start",
         "_render_env",
         "_render_head",
         "_render_pcm",
         "_render_size",
+        "_render_wave",
         "_spread",
         "_until_update",
         "_update_every",
@@ -538,6 +616,7 @@ class EchoGate:
         self._margin = config.margin_db
         self._min_erl = config.min_erl_db
         self._near_end_floor = config.near_end_floor_dbfs
+        self._noise_window = min(ms_to_frames(COHERENCE_NOISE_WINDOW_MS), self._window)
         # Render is needed for the correlation window plus the lag range
         # behind the newest capture slot, and for whatever was sent ahead.
         self._render_size = (
@@ -551,18 +630,28 @@ class EchoGate:
         self._pending: list[float] = []
         self._pending_quiet: list[float] = []
         # Per searched lag (row k is lag lag_max + spread - k, as in
-        # _update_proof): the ERL that frames heard since _proof_start prove
+        # _prove_lags): the ERL that frames heard since _proof_start prove
         # (-inf: nothing proven yet).
         self._proof: npt.NDArray[np.float64] = np.full(
             self._lag_max + self._spread - self._lag_min + 1, -math.inf
         )
         self._proof_start = 0
+        # Per lag (rows as _proof): the ERL in use while no delay is known.
+        self._lag_erl: npt.NDArray[np.float64] = np.full(len(self._proof), config.min_erl_db)
+        self._proof_rise = config.max_proof_rise_db_per_s * FRAME_MS / 1000.0
         self._render_pcm: dict[int, bytes] = {}
+        # What was played and heard, at 8 kHz, for the coherence test: one row per slot.
+        self._render_wave: npt.NDArray[np.float32] = np.zeros(
+            (self._render_size, _WAVE_FRAME), np.float32
+        )
+        self._capture_wave: npt.NDArray[np.float32] = np.zeros(2 * _WAVE_FRAME, np.float32)
         self._canceller = _new_canceller() if config.canceller else None
         self._init_state()
 
     def _init_state(self) -> None:
         self._render_env.clear()
+        self._render_wave.fill(0.0)
+        self._capture_wave.fill(0.0)
         self._capture_env.clear()
         self._judged_env.clear()
         self._render_pcm.clear()
@@ -606,6 +695,7 @@ class EchoGate:
             elif slot > head + 1:
                 self._render_env.silence(head + 1, slot - 1)
         self._render_env.put(slot, max(frame_level_dbfs(frame), _ENVELOPE_FLOOR_DBFS))
+        self._render_wave[slot % self._render_size] = _phone_band(frame)
         self._render_head = slot
         if self._canceller is not None:
             self._render_pcm[slot] = frame
@@ -647,6 +737,9 @@ class EchoGate:
         level = frame_level_dbfs(frame)
         self._capture_env.put(slot, max(level, _ENVELOPE_FLOOR_DBFS))
         self._capture_count += 1
+        wave = self._capture_wave
+        wave[:_WAVE_FRAME] = wave[_WAVE_FRAME:]
+        wave[_WAVE_FRAME:] = _phone_band(frame)
 
         # Nothing was sent for the slots up to the shortest possible echo
         # delay behind this frame: they are silence.
@@ -664,6 +757,7 @@ class EchoGate:
             self._judged_env.put(slot, max(level, _ENVELOPE_FLOOR_DBFS))
 
         delay = self._delay
+        lag_echo = self._prove_lags(slot, level)
         if delay is None:
             lo, hi = self._lag_min, self._lag_max + self._spread
         else:
@@ -674,8 +768,23 @@ class EchoGate:
             echo = DIGITAL_SILENCE_DBFS
             near_end = level >= self._near_end_floor
         else:
-            echo = render_peak - erl
+            # No delay yet: the echo may be at any lag, each with its own proven
+            # ERL (a lag whose render was loud while the line stayed quiet carries
+            # no echo however loud that render is). With a delay: the ERL learned there.
+            echo = lag_echo if delay is None else render_peak - erl
             near_end = level >= max(self._near_end_floor, echo + self._margin)
+            if (
+                not near_end
+                and delay is None
+                and level >= max(self._near_end_floor, COHERENCE_FLOOR_DBFS)
+                and level >= self._noise_floor(slot) + COHERENCE_NOISE_MARGIN_DB
+                and self._coherence(slot) < self._config.echo_coherence
+            ):
+                # Loud enough to be echo of a lag not yet proven clean, but no
+                # copy of anything played: the caller (a caller who starts d ms
+                # into the call's first answer looks, by energy, exactly like
+                # that answer's echo d ms late).
+                near_end = True
             if render_peak - self._min_erl >= self._near_end_floor:
                 # Render loud enough for its echo to be heard at the worst ERL
                 # assumed: ERL evidence if nothing else was heard and, the
@@ -719,6 +828,86 @@ class EchoGate:
         out = canceller.process(np.frombuffer(frame, dtype=np.int16), far)
         return out.astype("<i2", copy=False).tobytes()
 
+    def _prove_lags(self, slot: int, level: float) -> float:
+        """Raise every lag's proven ERL from this frame; the echo they allow in it (dBFS).
+
+        The echo in a frame is never louder than the frame (energies add), so
+        were the echo at lag d, the ERL is at least (render at d - this
+        frame's level), whoever was talking: double talk only weakens the
+        bound. The render taken is the quietest within ``delay_spread_ms`` of
+        d (a delay between frame boundaries mixes its neighbours in), less
+        ``proof_wobble_db``. Each lag's ERL in use follows its bound up by at
+        most ``max_proof_rise_db_per_s`` and never falls but with a new echo
+        path (:meth:`_forget_delay`, :meth:`_update_erl`). Returns the loudest
+        echo any lag allows: the render within ``delay_spread_ms`` of each lag
+        less the weakest ERL there.
+        """
+        spread = self._spread
+        lo, hi = self._lag_min, self._lag_max + spread
+        lags = hi - lo + 1
+        # window[j] is render slot slot - hi - spread + j; lag hi - k is window[k + spread].
+        window = self._render_env.window(slot - lo + spread, lags + 2 * spread)
+        quietest = window[spread : spread + lags].copy()
+        loudest = quietest.copy()
+        for shift in range(2 * spread + 1):
+            part = window[shift : shift + lags]
+            np.minimum(quietest, part, out=quietest)
+            np.maximum(loudest, part, out=loudest)
+        if slot >= self._proof_start:
+            bound = np.where(
+                quietest > _ENVELOPE_FLOOR_DBFS,
+                quietest - level - self._config.proof_wobble_db,
+                -math.inf,
+            )
+            np.maximum(self._proof, np.minimum(bound, self._config.max_erl_db), out=self._proof)
+        target = np.maximum(self._proof, self._min_erl)
+        lag_erl = self._lag_erl
+        np.minimum(target, lag_erl + self._proof_rise, out=lag_erl)
+        # The weakest ERL within the spread of each lag (the echo may sit between).
+        weakest = lag_erl.copy()
+        for shift in range(1, spread + 1):
+            np.minimum(weakest[shift:], lag_erl[:-shift], out=weakest[shift:])
+            np.minimum(weakest[:-shift], lag_erl[shift:], out=weakest[:-shift])
+        return float((loudest - weakest).max())
+
+    def _noise_floor(self, slot: int) -> float:
+        """The quietest frame heard over the last ``COHERENCE_NOISE_WINDOW_MS`` (dBFS)."""
+        count = min(self._capture_count, self._noise_window)
+        return float(self._capture_env.window(slot, count).min())
+
+    def _coherence(self, slot: int) -> float:
+        """Best normalised cross-correlation of the last two frames heard with the render.
+
+        Over every offset the lag range allows (pre-emphasised 8 kHz
+        waveforms): near 1 when the line carries a copy of what was played
+        (echo, through any short echo path), low for anything else.
+        """
+        spread = self._spread
+        lo, hi = self._lag_min - spread, self._lag_max + 2 * spread
+        # Render slots slot-1-hi .. slot-lo: every slot the two frames heard can echo.
+        rows = np.arange(slot - 1 - hi, slot - lo + 1) % self._render_size
+        audible = self._render_env.window(slot - lo, len(rows)) > _ENVELOPE_FLOOR_DBFS
+        render = (self._render_wave[rows] * audible[:, None]).ravel().astype(np.float64)
+        capture = self._capture_wave.astype(np.float64)
+        r = render[1:] - _PRE_EMPHASIS * render[:-1]
+        c = capture[1:] - _PRE_EMPHASIS * capture[:-1]
+        c_energy = float(c @ c)
+        if c_energy <= 0.0:
+            return 0.0
+        n = len(r) + len(c)
+        size = 1 << (n - 1).bit_length()
+        corr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(c, size)), size)
+        valid = len(r) - len(c) + 1
+        squares = np.concatenate(([0.0], np.cumsum(r * r)))
+        r_energy = squares[len(c) :] - squares[:valid]
+        # Offsets with (almost) no render correlate with nothing: the FFT's
+        # rounding, divided by a vanishing energy, must not pass for echo.
+        floor = c_energy * _COHERENCE_MIN_RENDER
+        ncc = np.where(
+            r_energy > floor, corr[:valid] / np.sqrt(np.maximum(r_energy, floor) * c_energy), 0.0
+        )
+        return float(ncc.max())
+
     def _forget_delay(self, slot: int | None = None) -> None:
         """Drop the delay and all the ERL learned (back to the conservative prediction).
 
@@ -729,6 +918,7 @@ class EchoGate:
         self._forget_evidence()
         self._erl = self._min_erl
         self._proof.fill(-math.inf)
+        self._lag_erl.fill(self._min_erl)
         self._proof_start = -(2**62) if slot is None else slot + 1
 
     def _forget_evidence(self) -> None:
@@ -841,44 +1031,12 @@ class EchoGate:
         quiet = capture < np.maximum(self._near_end_floor, echo + self._margin)
         self._add_evidence((peak - capture)[audible & quiet].tolist())
 
-    def _update_proof(self, slot: int) -> None:
-        """Raise the proven ERL bound of every lag from the frames heard lately.
-
-        The echo in a frame is never louder than the frame itself (energies
-        add; double talk only adds more), so if the echo path has lag d, the
-        ERL is at least (render at d - capture) for *every* frame, whoever
-        was talking: a caller talking over the assistant makes the bound
-        weaker, never wrong. The render taken is the quietest within
-        ``delay_spread_ms`` of d (a delay between frame boundaries mixes its
-        neighbours in). Bounds only rise here; they fall only when echo
-        alone says the path got louder (:meth:`_update_erl`) or a new path
-        is found.
-        """
-        count = min(self._capture_count, self._window, slot - self._proof_start + 1)
-        if count <= 0:
-            return
-        lo, hi = self._lag_min, self._lag_max + self._spread
-        capture = self._judged_env.window(slot, count)
-        render = self._render_env.window(slot - lo, count + hi - lo)
-        # Row k is the render envelope at lag hi - k.
-        rows: npt.NDArray[np.float64] = np.ndarray(
-            (hi - lo + 1, count), np.float64, render, 0, (_ITEM, _ITEM)
-        )
-        quietest = rows.copy()
-        for shift in range(1, self._spread + 1):
-            np.minimum(quietest[shift:], rows[:-shift], out=quietest[shift:])
-            np.minimum(quietest[:-shift], rows[shift:], out=quietest[:-shift])
-        heard = quietest > _ENVELOPE_FLOOR_DBFS
-        bound = np.where(heard, quietest - capture, -math.inf).max(axis=1)
-        bound -= self._config.proof_wobble_db
-        np.maximum(self._proof, np.minimum(bound, self._config.max_erl_db), out=self._proof)
-
     def _update_erl(self, slot: int) -> None:
         """Re-take the ERL: proven bounds, plus echo-alone evidence once the delay is known.
 
         Nothing here is learned from a frame that can hold the caller:
 
-        - the proven bound (:meth:`_update_proof`) holds whoever talks;
+        - the proven bound (:meth:`_prove_lags`) holds whoever talks;
           without a delay the ERL is the lowest bound over all lags (the
           echo may be at any of them), with one that of the delay;
         - (render - capture) of frames judged echo only is kept as evidence
@@ -894,7 +1052,6 @@ class EchoGate:
         evidence are dropped and the ERL follows at once. Rises are limited
         to ``max_erl_rise_db_per_s``; falls are not (they only hide more).
         """
-        self._update_proof(slot)
         pending, quiet = self._pending, self._pending_quiet
         delay = self._delay
         if delay is not None and pending and self._echo_alone(slot, delay, self._echo_check):
@@ -908,6 +1065,7 @@ class EchoGate:
                 louder_echo = list(pending)
                 self._forget_evidence()
                 self._proof.fill(-math.inf)
+                self._lag_erl.fill(self._min_erl)
                 self._proof_start = slot + 1
                 by_size = sorted(louder_echo)
                 low = by_size[min(len(by_size) - 1, int(len(by_size) * self._erl_quantile))]

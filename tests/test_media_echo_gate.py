@@ -641,3 +641,41 @@ def test_frames_dropped_unplayed_prove_nothing(assistant: list[bytes]) -> None:
     for k in range(1, 60):
         gate.capture(quiet, t + k * FRAME_MS)
     assert gate.erl_db <= learned + 1e-9
+
+
+# ---- the call's first answer --------------------------------------------------
+
+
+@pytest.mark.parametrize("caller_db", [-6.0, -12.0])
+def test_caller_in_the_first_answer_of_a_clean_line_is_heard_at_once(
+    assistant: list[bytes], caller: npt.NDArray[np.float64], caller_db: float
+) -> None:
+    """A caller 300 ms into the very first answer, quieter than the assistant.
+
+    By energy alone they look like that answer's echo 300 ms late (that lag
+    cannot be proven clean: the caller was already talking). Per-lag bounds
+    clear the lags the answer's render has passed, and the waveform test
+    clears the rest: the frame is no copy of anything played.
+    """
+    line = simulate(
+        assistant,
+        rtt_ms=200,
+        erl_db=200.0,
+        caller_8k=caller * 10 ** (caller_db / 20),
+        caller_start_ms=300,
+    )
+    verdicts = run(EchoGate(), line)
+    assert frames_to_barge_in(near_end(verdicts), line) <= 3
+
+
+def test_the_waveform_test_never_clears_echo_alone(assistant: list[bytes]) -> None:
+    """Echo alone on the first answer, before any delay is found: never near end.
+
+    At the worst ERL assumed the echo is as loud as energy allows; what keeps
+    it echo is that it correlates with what was played.
+    """
+    for erl_db in (MIN_ERL_DB, 10.0, 20.0):
+        line = simulate(assistant, rtt_ms=200, erl_db=erl_db)
+        gate = EchoGate(EchoGateConfig(min_correlation=1.0))  # never finds a delay
+        flags = near_end(run(gate, line))
+        assert not flags[line.echo_dbfs >= NEAR_END_FLOOR_DBFS].any(), erl_db
