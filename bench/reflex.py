@@ -66,6 +66,7 @@ from gateway.engine_rig import (
     Interruption,
     ReflexRig,
     ScriptedBrain,
+    on_the_line,
 )
 from gateway.reflex import PAUSE_ON, PAUSE_PROBABILITY, PauseOn, ReflexConfig
 
@@ -162,9 +163,11 @@ def onset_and_end_s(pcm24: bytes) -> tuple[float, float]:
     """Speech onset and end in ``pcm24`` (s).
 
     The first and last 20 ms frames within ONSET_BELOW_ACTIVE_DB of the
-    utterance's loud level (its 90th-percentile frame level).
+    utterance's loud level (its 90th-percentile frame level), as the line
+    carries it (``gateway.engine_rig.on_the_line``: a DC step that opens some
+    recordings is no speech and no line carries it).
     """
-    levels = frame_levels(pcm24)
+    levels = frame_levels(on_the_line(pcm24))
     active = float(np.percentile(levels, 90))
     loud = np.flatnonzero(levels >= active - ONSET_BELOW_ACTIVE_DB)
     return float(loud[0]) * 0.02, float(loud[-1] + 1) * 0.02

@@ -64,6 +64,33 @@ MAX_AUDIO_OUT_SAMPLES = 24_000
 HOLE_MIN_SAMPLES = LINE_RATE // 100
 #: Seed of the line noise (any fixed value: runs must be reproducible).
 NOISE_SEED = 7
+#: Lower edge of the phone line's passband (ITU-T G.712: 300-3400 Hz for a PCM
+#: channel). What the caller's side puts on the line is high-passed here, as
+#: the network does: some recordings open with a DC step (GSM-decoded prompts)
+#: that no phone line carries, and that would otherwise count as speech onset.
+LINE_HIGHPASS_HZ = 300.0
+#: Order of that high-pass (a Butterworth magnitude, applied with zero phase).
+LINE_HIGHPASS_ORDER = 4
+
+
+def line_highpass(samples: npt.NDArray[np.float64], rate: int) -> npt.NDArray[np.float64]:
+    """``samples`` (any rate) through the line's high-pass, with zero phase (FFT)."""
+    if not samples.size:
+        return samples
+    spectrum = np.fft.rfft(samples)
+    freqs = np.fft.rfftfreq(samples.size, 1.0 / rate)
+    with np.errstate(divide="ignore"):
+        ratio = np.where(freqs > 0, LINE_HIGHPASS_HZ / np.maximum(freqs, 1e-9), np.inf)
+    gain = 1.0 / np.sqrt(1.0 + ratio ** (2 * LINE_HIGHPASS_ORDER))
+    out: npt.NDArray[np.float64] = np.fft.irfft(spectrum * gain, samples.size)
+    return out
+
+
+def on_the_line(pcm24: bytes) -> bytes:
+    """Canonical PCM as the line carries it (high-passed): what onsets are measured on."""
+    x = np.frombuffer(pcm24, dtype="<i2").astype(np.float64)
+    y = line_highpass(x, RATE)
+    return np.clip(np.rint(y), -32768, 32767).astype("<i2").tobytes()
 
 
 class _RecordingJudge:
@@ -225,10 +252,14 @@ class ReflexRig:
     # ---- placing audio -----------------------------------------------------
 
     def caller_audio(self, pcm: bytes, at_s: float, gain_db: float = 0.0, rate: int = RATE) -> None:
-        """Place near-end audio (s16le mono at ``rate``) at ``at_s`` on the caller's timeline."""
+        """Place near-end audio (s16le mono at ``rate``) at ``at_s`` on the caller's timeline.
+
+        It goes through the line's high-pass (:data:`LINE_HIGHPASS_HZ`) first.
+        """
         samples = np.frombuffer(pcm, dtype="<i2").astype(np.float64) * 10 ** (gain_db / 20)
         if rate != LINE_RATE:
             samples = soxr.resample(samples, rate, LINE_RATE, quality="HQ")
+        samples = line_highpass(np.asarray(samples, dtype=np.float64), LINE_RATE)
         start = int(at_s * LINE_RATE)
         end = min(self.near.size, start + samples.size)
         if end > start:

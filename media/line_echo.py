@@ -1,0 +1,311 @@
+"""Line echo canceller: the echo the caller's line carries back, predicted sample by sample.
+
+The echo gate (:mod:`media.echo_gate`) judges frames by energy; once it knows
+the echo's delay, a caller quieter than a loud echo (6-10 dB of return loss)
+is below what energy can separate. :class:`LineEchoCanceller` subtracts the
+echo instead: a linear filter of ``taps`` samples (8 kHz, the phone band)
+around the echo's delay, fitted by least squares to what the line carries
+back, so what is left (the *residual*) is the caller plus a little echo.
+
+- **Timelines.** Render (what the core sent) is laid on a sample timeline by
+  send time, frames sent in a burst back to back (the provider plays them so);
+  capture (what came back) on its own contiguous timeline. The delay between
+  the two, in samples, is found by normalised cross-correlation over the last
+  ``align_window_ms`` of capture, around the frame delay the echo gate found.
+- **Fit.** Least squares over the recent past, with forgetting: the render's
+  autocorrelation (the normal equations' Toeplitz approximation) and its
+  cross-correlation with the capture, both decayed by ``forget`` per frame,
+  solved every ``solve_every`` frames. A caller talking over the echo is, to
+  the fit, noise that does not correlate with the render: it widens the
+  estimate's spread and does not bias it, so nothing here needs to know who
+  is talking (a plain NLMS needs a double-talk detector to stop it diverging).
+- **Quality.** :attr:`erle_db` is the echo return loss enhancement the filter
+  achieves on recent frames with render (a high percentile of capture minus
+  residual level, i.e. of the frames where the echo was alone); until it is
+  at least ``min_erle_db`` the residual is not to be trusted.
+
+Measured on the reflex rig's lines (``bench/reflex.py``'s echo lines, a
+least-squares fit over one second): 34 dB of ERLE on a 10 dB line with a
+64-tap filter. Sans-I/O: time comes in as milliseconds; nothing here reads a
+clock. Frames are canonical (480 samples at 24 kHz); the filter runs on every
+third sample of their three-sample mean (the phone band).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from media.formats import CANONICAL_FRAME_SAMPLES
+
+__all__ = [
+    "ALIGN_WINDOW_MS",
+    "FORGET",
+    "MIN_ERLE_DB",
+    "SOLVE_EVERY",
+    "TAPS",
+    "WAVE_FRAME",
+    "LineEchoCanceller",
+    "LineEchoConfig",
+    "phone_band",
+]
+
+#: Samples per frame at the filter's rate (8 kHz: every third canonical sample).
+WAVE_FRAME = CANONICAL_FRAME_SAMPLES // 3
+#: Filter's sample rate.
+WAVE_RATE = 8_000
+#: Filter length (8 kHz samples): 8 ms, the dispersion of a 2-to-4-wire hybrid's
+#: echo path (ITU-T G.168 designs for 64 ms tails, but the energy of a line
+#: echo is in its first few ms; measured, 64 taps cancelled 34 dB on the rig).
+TAPS = 64
+#: Taps kept before the correlation peak (the filter's causal slack), 2 ms.
+PRE_TAPS = 16
+#: Forgetting factor of the correlations per 20 ms frame: a memory of about a
+#: second (seed decision: the echo path is stable over seconds).
+FORGET = 0.98
+#: Solve the normal equations every this many frames with render (seed decision:
+#: 100 ms; a 64-tap solve costs ~20 µs).
+SOLVE_EVERY = 5
+#: Capture used to align the render to the sample (seed decision: 0.5 s, a few
+#: syllables).
+ALIGN_WINDOW_MS = 500.0
+#: ERLE below which the residual is not trusted (seed decision).
+MIN_ERLE_DB = 12.0
+#: Percentile of recent (capture - residual) levels taken as the ERLE: the
+#: frames where the echo was alone show the filter's ERLE, double talk less.
+ERLE_PERCENTILE = 80.0
+#: Recent frames with render that ERLE is measured over (2 s).
+ERLE_FRAMES = 100
+#: Regularisation of the normal equations, relative to the render's power.
+_RIDGE = 1e-3
+#: Render power (mean square, PCM16 units) under which a frame teaches nothing.
+_MIN_RENDER_POWER = 32768.0**2 * 10 ** (-60 / 10)
+_FULL_SCALE_DB = 20 * math.log10(32768.0)
+
+
+def phone_band(frame: bytes) -> npt.NDArray[np.float64]:
+    """A canonical frame at 8 kHz: the mean of each three samples (a light low-pass)."""
+    x = np.frombuffer(frame, dtype="<i2").astype(np.float64).reshape(-1, 3)
+    band: npt.NDArray[np.float64] = x.mean(axis=1)
+    return band
+
+
+def _level_db(power: float) -> float:
+    return 10 * math.log10(max(power, 1e-3)) - _FULL_SCALE_DB
+
+
+@dataclass(frozen=True, slots=True)
+class LineEchoConfig:
+    """Tuning of a :class:`LineEchoCanceller` (each default a named constant with its source)."""
+
+    taps: int = TAPS
+    pre_taps: int = PRE_TAPS
+    forget: float = FORGET
+    solve_every: int = SOLVE_EVERY
+    align_window_ms: float = ALIGN_WINDOW_MS
+    min_erle_db: float = MIN_ERLE_DB
+
+
+class LineEchoCanceller:
+    """One call's linear echo canceller at 8 kHz (see the module docstring)."""
+
+    def __init__(self, config: LineEchoConfig | None = None) -> None:
+        self.config = config = config if config is not None else LineEchoConfig()
+        self._taps = config.taps
+        self._ring = WAVE_RATE * 4  # render kept: 4 s, beyond any echo delay searched
+        self._render = np.zeros(self._ring)
+        self._render_end: int | None = None  # timeline position after the newest render
+        self._capture = np.zeros(self._ring)
+        self._capture_end: int | None = None
+        self._align = int(config.align_window_ms * WAVE_RATE / 1000)
+        self.delay: int | None = None  # samples, capture position - render position
+        self._r = np.zeros(config.taps)  # render autocorrelation, lags 0..taps-1
+        self._p = np.zeros(config.taps)  # cross-correlation with the capture
+        self._w = np.zeros(config.taps)
+        lags = np.arange(config.taps)
+        self._toeplitz = np.abs(lags[:, None] - lags[None, :])
+        self._until_solve = config.solve_every
+        self._erle: list[float] = []
+        self.erle_db = 0.0
+
+    # ---- timelines -----------------------------------------------------------
+
+    def render(self, band: npt.NDArray[np.float64], sent_ms: float) -> None:
+        """Lay a frame the core sent at ``sent_ms`` (:func:`phone_band` of it) on the timeline."""
+        start = round(sent_ms * WAVE_RATE / 1000)
+        end = self._render_end
+        if end is not None:
+            if start < end:
+                start = end  # sent in a burst: it plays after the previous one
+            elif start > end:
+                self._zero(self._render, end, start)
+        self._put(self._render, start, band)
+        self._render_end = start + WAVE_FRAME
+
+    def unplayed(self, frames: int) -> None:
+        """The newest ``frames`` frames rendered were never played (a provider ``clear``)."""
+        end = self._render_end
+        if end is None or frames <= 0:
+            return
+        start = end - frames * WAVE_FRAME
+        self._zero(self._render, start, end)
+        self._render_end = start
+
+    def _put(self, ring: npt.NDArray[np.float64], at: int, x: npt.NDArray[np.float64]) -> None:
+        i = at % self._ring
+        n = len(x)
+        if i + n <= self._ring:
+            ring[i : i + n] = x
+        else:
+            k = self._ring - i
+            ring[i:] = x[:k]
+            ring[: n - k] = x[k:]
+
+    def _zero(self, ring: npt.NDArray[np.float64], a: int, b: int) -> None:
+        if b - a >= self._ring:
+            ring.fill(0.0)
+        elif b > a:
+            self._put(ring, a, np.zeros(b - a))
+
+    def _get(self, ring: npt.NDArray[np.float64], a: int, n: int) -> npt.NDArray[np.float64]:
+        i = a % self._ring
+        if i + n <= self._ring:
+            return ring[i : i + n].copy()
+        return np.concatenate((ring[i:], ring[: n - (self._ring - i)]))
+
+    def _render_at(self, a: int, n: int) -> npt.NDArray[np.float64]:
+        """Render samples ``a .. a+n``; silence beyond what was laid down."""
+        out = self._get(self._render, a, n)
+        end = self._render_end
+        if end is None:
+            out.fill(0.0)
+            return out
+        if a + n > end:
+            out[max(0, end - a) :] = 0.0
+        oldest = end - self._ring
+        if a < oldest:
+            out[: min(n, oldest - a)] = 0.0
+        return out
+
+    # ---- alignment -----------------------------------------------------------
+
+    def align(self, delay_ms: float, spread_ms: float) -> bool:
+        """Find the echo's delay to the sample within ``delay_ms`` ± ``spread_ms``.
+
+        Returns whether a delay was found (the capture correlates with the
+        render there); a new delay restarts the fit.
+        """
+        end = self._capture_end
+        if end is None:
+            return False
+        n = self._align
+        capture = self._get(self._capture, end - n, n)
+        lo = round((delay_ms - spread_ms) * WAVE_RATE / 1000)
+        hi = round((delay_ms + spread_ms) * WAVE_RATE / 1000)
+        render = self._render_at(end - n - hi, n + hi - lo)
+        c = capture - 0.9 * np.concatenate(([0.0], capture[:-1]))
+        r = render - 0.9 * np.concatenate(([0.0], render[:-1]))
+        c_energy = float(c @ c)
+        if c_energy <= 0.0:
+            return False
+        size = 1 << (len(r) + len(c) - 1).bit_length()
+        corr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(c, size)), size)
+        valid = len(r) - len(c) + 1
+        squares = np.concatenate(([0.0], np.cumsum(r * r)))
+        r_energy = squares[len(c) :] - squares[:valid]
+        floor = c_energy * 1e-6
+        ncc = np.where(
+            r_energy > floor, corr[:valid] / np.sqrt(np.maximum(r_energy, floor) * c_energy), 0.0
+        )
+        best = int(np.argmax(ncc))
+        if ncc[best] < 0.5:
+            return False
+        delay = hi - best
+        if self.delay is None or abs(delay - self.delay) > 2:
+            self.delay = delay
+            self._restart()
+        return True
+
+    def forget(self) -> None:
+        """Drop the delay and the fit (the echo path is unknown again)."""
+        self.delay = None
+        self._restart()
+
+    def _restart(self) -> None:
+        self._r.fill(0.0)
+        self._p.fill(0.0)
+        self._w.fill(0.0)
+        self._erle.clear()
+        self.erle_db = 0.0
+        self._until_solve = self.config.solve_every
+
+    # ---- the filter ----------------------------------------------------------
+
+    def capture(
+        self, x: npt.NDArray[np.float64], now_ms: float
+    ) -> tuple[float, float, npt.NDArray[np.float64]] | None:
+        """Take a caller frame (:func:`phone_band` of it).
+
+        Returns the residual's level and the echo estimate's level (dBFS) and
+        the residual itself; None while no delay is known or no render
+        reaches the filter.
+        """
+        end = self._capture_end
+        start = round(now_ms * WAVE_RATE / 1000) - WAVE_FRAME if end is None else end
+        self._put(self._capture, start, x)
+        self._capture_end = start + WAVE_FRAME
+        delay = self.delay
+        if delay is None:
+            return None
+        taps = self._taps
+        # Render for sample n of this frame, tap k: r[start + n - delay + pre - k].
+        base = start - delay + self.config.pre_taps
+        seg = self._render_at(base - taps + 1, WAVE_FRAME + taps - 1)
+        if float(seg @ seg) / len(seg) < _MIN_RENDER_POWER:
+            return None
+        # Sample n, tap k reads seg[n + taps - 1 - k]; reversed, rev[m + k] with
+        # m = WAVE_FRAME - 1 - n: a strided view (no copy), rows in reverse order.
+        rev = seg[::-1].copy()
+        step = rev.strides[0]
+        rows = np.lib.stride_tricks.as_strided(rev, (WAVE_FRAME, taps), (step, step))
+        echo = (rows @ self._w)[::-1]
+        residual = x - echo
+        forget = self.config.forget
+        self._r *= forget
+        self._r += np.correlate(seg, seg[taps - 1 :], "valid")[::-1]
+        self._p *= forget
+        self._p += x[::-1] @ rows
+        self._until_solve -= 1
+        if self._until_solve <= 0:
+            self._until_solve = self.config.solve_every
+            self._solve()
+            erle = self._erle
+            if len(erle) >= ERLE_FRAMES // 4:
+                self.erle_db = float(np.percentile(erle, ERLE_PERCENTILE))
+        capture_db = _level_db(float(x @ x) / WAVE_FRAME)
+        residual_db = _level_db(float(residual @ residual) / WAVE_FRAME)
+        echo_db = _level_db(float(echo @ echo) / WAVE_FRAME)
+        erle = self._erle
+        erle.append(capture_db - residual_db)
+        if len(erle) > ERLE_FRAMES:
+            del erle[0]
+        return residual_db, echo_db, residual
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the fit cancels enough echo for its residual to be judged."""
+        return self.delay is not None and self.erle_db >= self.config.min_erle_db
+
+    def _solve(self) -> None:
+        r = self._r
+        if r[0] <= 0.0:
+            return
+        toeplitz = r[self._toeplitz]
+        toeplitz[np.diag_indices(self._taps)] += _RIDGE * r[0]
+        try:
+            self._w = np.linalg.solve(toeplitz, self._p)
+        except np.linalg.LinAlgError:
+            return
