@@ -79,13 +79,17 @@ still hear a caller who talks over the assistant (double talk).
    copy of what was played (``echo_copy`` or more) is echo the ERL in use did
    not predict (the path turned louder or moved mid-call) and is not near end.
 
-6. Once a delay is known, the line echo canceller (:mod:`media.line_echo`,
-   ``line_canceller``, on by default) subtracts its linear prediction of the
-   echo, sample by sample at 8 kHz; a frame the energies call echo is near
-   end when what the canceller leaves stands ``LINE_CANCELLER_MARGIN_DB``
-   above the echo it should leave (its estimate less its measured ERLE), and
-   is no copy of the render (``RESIDUAL_COPY``). That hears a caller under a
-   6-10 dB echo, which energy cannot.
+6. The line echo canceller (:mod:`media.line_echo`, ``line_canceller``, on
+   by default) subtracts its linear prediction of the echo, sample by sample
+   at 8 kHz. It is aligned to the sample around the gate's delay when there
+   is one, else (a call whose replies keep being cut gives the envelope
+   correlation too little echo alone) by waveform correlation over the whole
+   lag range, every ``delay_update_ms`` while render is audible and it does
+   not yet cancel well. Once it cancels at least its ``min_erle_db``, a frame
+   the energies call echo is near end when what the canceller leaves stands
+   ``LINE_CANCELLER_MARGIN_DB`` above the echo it should leave (its estimate
+   less its measured ERLE) and is no copy of the render (``RESIDUAL_COPY``).
+   That hears a caller under a 6-10 dB echo, which energy cannot.
 
 Optionally (``EchoGateConfig(canceller=True)``, needs the ``pywebrtc-audio``
 wheel) WebRTC's AEC3 echo canceller runs first, fed each capture frame with
@@ -144,7 +148,7 @@ from media.formats import (
     FRAME_MS,
     ms_to_frames,
 )
-from media.line_echo import WAVE_FRAME, LineEchoCanceller, phone_band
+from media.line_echo import WAVE_FRAME, LineEchoCanceller, normalised_xcorr, phone_band
 
 __all__ = [
     "CANCELLER",
@@ -345,13 +349,6 @@ COHERENCE_NOISE_MARGIN_DB = 6.0
 #: Window of that noise floor: the endpointer's minimum-statistics window
 #: (media.endpointing NOISE_WINDOW_MS).
 COHERENCE_NOISE_WINDOW_MS = 1500.0
-#: Pre-emphasis before that correlation (seed decision: the usual 0.9 of speech
-#: analysis), so the low-frequency bulk that any two voices share does not
-#: correlate them.
-_PRE_EMPHASIS = 0.9
-#: Render energy, relative to the frames heard, under which an offset is not
-#: correlated at all (-60 dB: far below any echo the energies could not clear).
-_COHERENCE_MIN_RENDER = 1e-6
 
 #: Allowance taken off every proven ERL bound (measured, tests and
 #: bench/echo_gate.py): envelopes of echo alone wobble around render - ERL
@@ -849,7 +846,6 @@ class EchoGate:
             else:
                 by_residual = (
                     not near_end
-                    and delay is not None
                     and cancelled_line is not None
                     and self._lec is not None
                     and self._lec.trusted
@@ -897,7 +893,7 @@ class EchoGate:
             self._until_update = self._update_every
             self._update_delay(slot)
             self._update_erl(slot)
-            self._align_line_canceller()
+            self._align_line_canceller(slot)
         return EchoVerdict(
             near_end=near_end,
             echo_level_dbfs=echo,
@@ -975,16 +971,34 @@ class EchoGate:
         count = min(self._capture_count, self._noise_window)
         return float(self._capture_env.window(slot, count).min())
 
-    def _align_line_canceller(self) -> None:
-        """Point the line canceller at the delay found (to the sample, around it)."""
+    def _align_line_canceller(self, slot: int) -> None:
+        """Point the line canceller at the echo, to the sample.
+
+        Around the delay the gate found, when it has one. Without one (a call
+        whose replies keep being cut is short of the echo alone the envelope
+        correlation needs), over the whole lag range, while render is audible
+        and the canceller has no delay or no longer cancels well: a waveform
+        that correlates with the render at one offset is echo, whoever else is
+        talking.
+        """
         lec = self._lec
+        if lec is None:
+            return
         delay = self._delay
-        if lec is None or delay is None:
+        if delay is not None:
+            if lec.delay is not None and self._lec_aligned_for == delay:
+                return
+            if lec.align(delay * FRAME_MS, (self._spread + 1) * FRAME_MS):
+                self._lec_aligned_for = delay
             return
-        if lec.delay is not None and self._lec_aligned_for == delay:
+        if lec.trusted:
             return
-        if lec.align(delay * FRAME_MS, (self._spread + 1) * FRAME_MS):
-            self._lec_aligned_for = delay
+        lo, hi = self._lag_min, self._lag_max + self._spread
+        if float(self._render_env.window(slot - lo, hi - lo + 1).max()) <= _ENVELOPE_FLOOR_DBFS:
+            return
+        low_ms, high_ms = lo * FRAME_MS, hi * FRAME_MS
+        lec.align((low_ms + high_ms) / 2, (high_ms - low_ms) / 2)
+        self._lec_aligned_for = None
 
     def _coherence(self, slot: int, wave: npt.NDArray[np.float32] | None = None) -> float:
         """Best normalised cross-correlation of the last two frames heard with the render.
@@ -1000,24 +1014,8 @@ class EchoGate:
         audible = self._render_env.window(slot - lo, len(rows)) > _ENVELOPE_FLOOR_DBFS
         render = (self._render_wave[rows] * audible[:, None]).ravel().astype(np.float64)
         capture = (self._capture_wave if wave is None else wave).astype(np.float64)
-        r = render[1:] - _PRE_EMPHASIS * render[:-1]
-        c = capture[1:] - _PRE_EMPHASIS * capture[:-1]
-        c_energy = float(c @ c)
-        if c_energy <= 0.0:
-            return 0.0
-        n = len(r) + len(c)
-        size = 1 << (n - 1).bit_length()
-        corr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(c, size)), size)
-        valid = len(r) - len(c) + 1
-        squares = np.concatenate(([0.0], np.cumsum(r * r)))
-        r_energy = squares[len(c) :] - squares[:valid]
-        # Offsets with (almost) no render correlate with nothing: the FFT's
-        # rounding, divided by a vanishing energy, must not pass for echo.
-        floor = c_energy * _COHERENCE_MIN_RENDER
-        ncc = np.where(
-            r_energy > floor, corr[:valid] / np.sqrt(np.maximum(r_energy, floor) * c_energy), 0.0
-        )
-        return float(ncc.max())
+        ncc = normalised_xcorr(render, capture)
+        return float(ncc.max()) if len(ncc) else 0.0
 
     def _forget_delay(self, slot: int | None = None) -> None:
         """Drop the delay and all the ERL learned (back to the conservative prediction).

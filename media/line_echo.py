@@ -42,14 +42,17 @@ import numpy.typing as npt
 from media.formats import CANONICAL_FRAME_SAMPLES
 
 __all__ = [
+    "ALIGN_MIN_CORRELATION",
     "ALIGN_WINDOW_MS",
     "FORGET",
     "MIN_ERLE_DB",
+    "PRE_EMPHASIS",
     "SOLVE_EVERY",
     "TAPS",
     "WAVE_FRAME",
     "LineEchoCanceller",
     "LineEchoConfig",
+    "normalised_xcorr",
     "phone_band",
 ]
 
@@ -72,6 +75,13 @@ SOLVE_EVERY = 5
 #: Capture used to align the render to the sample (seed decision: 0.5 s, a few
 #: syllables).
 ALIGN_WINDOW_MS = 500.0
+#: Normalised cross-correlation an alignment needs to be believed (seed
+#: decision, checked on the tune split's recorded calls: echo alone correlates
+#: 0.9 and more; independent speech, over the lag range, under 0.35).
+ALIGN_MIN_CORRELATION = 0.5
+#: Pre-emphasis before correlating (the usual 0.9 of speech analysis): the
+#: low-frequency bulk any two voices share must not correlate them.
+PRE_EMPHASIS = 0.9
 #: ERLE below which the residual is not trusted (seed decision).
 MIN_ERLE_DB = 12.0
 #: Percentile of recent (capture - residual) levels taken as the ERLE: the
@@ -79,6 +89,9 @@ MIN_ERLE_DB = 12.0
 ERLE_PERCENTILE = 80.0
 #: Recent frames with render that ERLE is measured over (2 s).
 ERLE_FRAMES = 100
+#: Render energy, relative to the capture's, under which an offset is not
+#: correlated at all (-60 dB: far below any echo worth finding).
+_MIN_RENDER_SHARE = 1e-6
 #: Regularisation of the normal equations, relative to the render's power.
 _RIDGE = 1e-3
 #: Render power (mean square, PCM16 units) under which a frame teaches nothing.
@@ -95,6 +108,34 @@ def phone_band(frame: bytes) -> npt.NDArray[np.float64]:
 
 def _level_db(power: float) -> float:
     return 10 * math.log10(max(power, 1e-3)) - _FULL_SCALE_DB
+
+
+def normalised_xcorr(
+    render: npt.NDArray[np.float64], capture: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Normalised cross-correlation of ``capture`` with ``render`` at every offset.
+
+    Both pre-emphasised (:data:`PRE_EMPHASIS`); entry k compares ``capture``
+    with ``render[k : k + len(capture)]``. Offsets where the render carries
+    (almost) nothing give 0: the FFT's rounding, over a vanishing energy,
+    must not pass for a match. One FFT correlation, so the whole lag range
+    costs what one offset would, many times over.
+    """
+    r = render - PRE_EMPHASIS * np.concatenate(([0.0], render[:-1]))
+    c = capture - PRE_EMPHASIS * np.concatenate(([0.0], capture[:-1]))
+    valid = len(r) - len(c) + 1
+    c_energy = float(c @ c)
+    if c_energy <= 0.0 or valid <= 0:
+        return np.zeros(max(valid, 0))
+    size = 1 << (len(r) + len(c) - 1).bit_length()
+    corr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(c, size)), size)
+    squares = np.concatenate(([0.0], np.cumsum(r * r)))
+    r_energy = squares[len(c) :] - squares[:valid]
+    floor = c_energy * _MIN_RENDER_SHARE
+    ncc: npt.NDArray[np.float64] = np.where(
+        r_energy > floor, corr[:valid] / np.sqrt(np.maximum(r_energy, floor) * c_energy), 0.0
+    )
+    return ncc
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,22 +247,11 @@ class LineEchoCanceller:
         lo = round((delay_ms - spread_ms) * WAVE_RATE / 1000)
         hi = round((delay_ms + spread_ms) * WAVE_RATE / 1000)
         render = self._render_at(end - n - hi, n + hi - lo)
-        c = capture - 0.9 * np.concatenate(([0.0], capture[:-1]))
-        r = render - 0.9 * np.concatenate(([0.0], render[:-1]))
-        c_energy = float(c @ c)
-        if c_energy <= 0.0:
+        ncc = normalised_xcorr(render, capture)
+        if not len(ncc):
             return False
-        size = 1 << (len(r) + len(c) - 1).bit_length()
-        corr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(c, size)), size)
-        valid = len(r) - len(c) + 1
-        squares = np.concatenate(([0.0], np.cumsum(r * r)))
-        r_energy = squares[len(c) :] - squares[:valid]
-        floor = c_energy * 1e-6
-        ncc = np.where(
-            r_energy > floor, corr[:valid] / np.sqrt(np.maximum(r_energy, floor) * c_energy), 0.0
-        )
         best = int(np.argmax(ncc))
-        if ncc[best] < 0.5:
+        if ncc[best] < ALIGN_MIN_CORRELATION:
             return False
         delay = hi - best
         if self.delay is None or abs(delay - self.delay) > 2:

@@ -1,0 +1,109 @@
+"""The line echo canceller (media/line_echo.py): alignment, the fit, double talk, clears."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from media.line_echo import WAVE_FRAME, WAVE_RATE, LineEchoCanceller, phone_band
+
+FIXTURE = Path(__file__).parent / "fixtures/audio/caller_speech_8k.wav"
+#: Echo path of the tests (8 kHz taps): short and dispersive, as a hybrid's.
+ECHO_PATH = np.array([0.0, 0.5, 0.25, -0.12, 0.05])
+DELAY_SAMPLES = 1_700  # 212.5 ms, not a whole frame
+
+
+def _speech(start_s: float, seconds: float) -> npt.NDArray[np.float64]:
+    import wave
+
+    with wave.open(str(FIXTURE), "rb") as w:
+        x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float64)
+    return x[int(start_s * WAVE_RATE) : int((start_s + seconds) * WAVE_RATE)]
+
+
+def _canonical(x8: npt.NDArray[np.float64]) -> list[bytes]:
+    """8 kHz samples as canonical frames (each sample three times: phone_band gives it back)."""
+    x = np.repeat(np.clip(np.rint(x8), -32768, 32767), 3).astype("<i2")
+    n = len(x) // (3 * WAVE_FRAME)
+    return [x[i * 3 * WAVE_FRAME : (i + 1) * 3 * WAVE_FRAME].tobytes() for i in range(n)]
+
+
+def _echo(render8: npt.NDArray[np.float64], gain: float) -> npt.NDArray[np.float64]:
+    out = np.zeros(len(render8) + DELAY_SAMPLES)
+    out[DELAY_SAMPLES:] = np.convolve(render8, ECHO_PATH)[: len(render8)] * gain
+    return out[: len(render8)]
+
+
+def _run(
+    lec: LineEchoCanceller, render8: npt.NDArray[np.float64], capture8: npt.NDArray[np.float64]
+) -> list[tuple[float, float] | None]:
+    """Render frame k sent at 20k ms, capture frame k heard at 20(k+1) ms; align every 10 frames."""
+    out: list[tuple[float, float] | None] = []
+    for k, (r, c) in enumerate(zip(_canonical(render8), _canonical(capture8), strict=True)):
+        lec.render(phone_band(r), 20.0 * k)
+        result = lec.capture(phone_band(c), 20.0 * (k + 1))
+        out.append(None if result is None else (result[0], result[1]))
+        if k % 10 == 9 and not lec.trusted:
+            lec.align(330.0, 290.0)  # the whole 40-620 ms lag range
+    return out
+
+
+def test_phone_band_is_the_mean_of_each_three_samples() -> None:
+    frame = np.arange(480, dtype="<i2").tobytes()
+    band = phone_band(frame)
+    assert len(band) == WAVE_FRAME
+    assert band[0] == 1.0 and band[-1] == 478.0
+
+
+def test_aligns_to_the_sample_and_cancels_a_dispersive_echo() -> None:
+    render = _speech(2.5, 6.0)
+    lec = LineEchoCanceller()
+    _run(lec, render, _echo(render, 0.5))
+    # Frame k is sent at 20k ms and heard (ending) at 20(k + 1) ms: the timelines
+    # line up, and the delay found is the path's, to its strongest tap.
+    peak = DELAY_SAMPLES + int(np.argmax(np.abs(ECHO_PATH)))
+    assert lec.delay is not None and abs(lec.delay - peak) <= 2
+    assert lec.trusted
+    assert lec.erle_db >= 25.0
+
+
+def test_independent_speech_is_not_taken_for_echo() -> None:
+    lec = LineEchoCanceller()
+    _run(lec, _speech(2.5, 6.0), _speech(11.7, 6.0) * 0.5)
+    assert lec.delay is None and not lec.trusted
+
+
+def test_double_talk_does_not_spoil_the_fit() -> None:
+    """A caller as loud as the echo, talking all along: the fit still cancels the echo."""
+    render = _speech(2.5, 8.0)
+    echo = _echo(render, 0.5)
+    caller = np.zeros_like(echo)
+    caller[: 6 * WAVE_RATE] = _speech(14.0, 6.0) * 0.5
+    lec = LineEchoCanceller()
+    results = _run(lec, render, echo + caller)
+    assert lec.trusted
+    # The last two seconds: echo alone, cancelled by the fit made over double talk.
+    tail = [r for r in results[-100:] if r is not None]
+    assert tail and np.median([echo_db - residual_db for residual_db, echo_db in tail]) >= 20.0
+
+
+def test_unplayed_render_is_silence() -> None:
+    lec = LineEchoCanceller()
+    frame = _canonical(_speech(3.0, 0.1))[0]
+    for k in range(3):
+        lec.render(phone_band(frame), 20.0 * k)
+    lec.unplayed(2)
+    assert not lec._render_at(WAVE_FRAME, 2 * WAVE_FRAME).any()
+    assert lec._render_at(0, WAVE_FRAME).any()
+
+
+@pytest.mark.parametrize("frames", [0, -1])
+def test_unplayed_of_nothing_changes_nothing(frames: int) -> None:
+    lec = LineEchoCanceller()
+    lec.unplayed(frames)
+    lec.render(phone_band(bytes(960)), 0.0)
+    lec.unplayed(frames)
+    assert lec._render_end == WAVE_FRAME
