@@ -87,14 +87,16 @@ class PauseOn(StrEnum):
     HOLD = "hold"
 
 
-#: Default pause rule, chosen on the tune split (bench/reflex.py --split tune, 7
-#: speakers, 8 noise kinds): noise-only pauses a minute 16.6 (energy), 2.5 (speech,
-#: VAD >= 0.8), 12.9 (hold: a rejected hold still leaves a hole once the provider's
-#: 60 ms run out); on the tune fixture's interruptions, onset -> clear P50/P95
-#: 80/80 ms (energy) against 100/260 ms (speech): Silero takes 400-600 ms to call
-#: some real speech onsets speech. Energy keeps the caller's barge-in fast on every
-#: interruption, which is the reflex's first duty; ``speech`` is the choice for
-#: callers in noisy places (RUTSTER_BARGE_IN_PAUSE_ON=speech).
+#: Default pause rule. The issue's first property is that on a line with no echo
+#: any caller speech above the floor pauses the assistant within 60 ms, which
+#: only a rule that does not wait for the VAD can hold: energy. Measured on the
+#: tune split (bench/reflex.py --split tune, with the echo gate's line canceller
+#: and Silero at 8 kHz): every rule missed no interruption; onset -> clear P95
+#: 260 ms (energy) against 300 / 300 / 320 / 330 ms (speech, VAD >= 0.2 / 0.4 /
+#: 0.6 / 0.8), noise-only pauses a minute 11.0 against 6.0 / 4.1 / 3.9 / 2.9.
+#: ``speech`` is the choice for callers in noisy places
+#: (RUTSTER_BARGE_IN_PAUSE_ON=speech); as the default it failed
+#: tests/test_barge_in_e2e.py (two of twelve barge-ins later than 250 ms).
 PAUSE_ON = PauseOn.ENERGY
 #: Speech (VAD) in a row that pauses the assistant inside a burst already judged
 #: noise (a long sound, a car passing, that someone starts talking over): three

@@ -814,7 +814,9 @@ class EchoGate:
             self._judged_env.put(slot, max(level, _ENVELOPE_FLOOR_DBFS))
 
         delay = self._delay
-        lag_echo = self._prove_lags(slot, level)
+        # Per-lag bounds serve only while no delay is known (finding one starts
+        # them afresh), so they are not kept up once one is.
+        lag_echo = self._prove_lags(slot, level) if delay is None else DIGITAL_SILENCE_DBFS
         if delay is None:
             lo, hi = self._lag_min, self._lag_max + self._spread
         else:
@@ -943,6 +945,8 @@ class EchoGate:
         lags = hi - lo + 1
         # window[j] is render slot slot - hi - spread + j; lag hi - k is window[k + spread].
         window = self._render_env.window(slot - lo + spread, lags + 2 * spread)
+        if float(window.max()) <= _ENVELOPE_FLOOR_DBFS:
+            return DIGITAL_SILENCE_DBFS  # nothing played over the lag range: nothing to prove
         quietest = window[spread : spread + lags].copy()
         loudest = quietest.copy()
         for shift in range(2 * spread + 1):
