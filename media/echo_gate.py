@@ -105,20 +105,17 @@ directions; nothing here does I/O or reads a clock. Frames are canonical
 
 Measured (``bench/echo_gate.py``: speech and mock voice through the real
 μ-law path, 80-400 ms round trip, 6-30 dB ERL, +-2 dB level wobble; Python
-3.11, numpy 2.4, AMD EPYC): echo alone was called near end on no frame in
-the first 500 ms of echo and on at most 0.12 % of the frames after, never
-two in a row; a caller talking over the echo at natural level was heard on
-85-100 % of speech frames at 20-30 dB ERL (three near-end frames in a row
-60-120 ms after onset) but on 24-50 % at 6-10 dB, where the echo is as loud
-as the caller (three in a row after 280-900 ms); ~12 µs per frame (render +
-capture). With the canceller: 58-100 % at every ERL, three in a row within
-60-280 ms, ~170 µs per frame. A sudden echo path change (8-12 dB louder, or
-a new delay) gave false runs of 2-7 frames while the gate caught up, and a
-clean line turning into a 10 dB echo mid-call ~3 s of false frames (until
-the delay is found, tests/test_media_echo_gate.py). On the reflex rig's
-clean line (tests/test_reflex.py), twelve interruptions in a row at -35 to
--12 dBFS each paused within 60 ms, except one 300 ms into the call's first
-answer (below).
+3.11, numpy 2.4; the old fixture and the mock voice, in-sample material):
+echo alone was called near end on no frame, in the first 500 ms of echo or
+after; a caller talking over the echo at natural level was heard on 89-100 %
+of speech frames at 20-30 dB ERL and on 57-70 % at 6-10 dB (before the line
+canceller and the per-lag bounds: 24-50 %), three near-end frames in a row
+60-120 ms after onset; ~65 µs per frame pair (render + capture, the line
+canceller included; ~10 µs before it). With AEC3 in front: 57-100 %, ~300
+µs. A sudden echo path change (8 dB louder, or a new delay) gave false runs
+of 2-6 frames while the gate caught up. On the reflex rig's clean line
+(tests/test_reflex.py), twelve interruptions in a row at -35 to -12 dBFS
+each paused within 60 ms of reaching the core, the first included.
 
 Limits, by design: energy cannot separate a caller who is no louder than the
 echo from that echo once a delay is known (the canceller can, partly); at

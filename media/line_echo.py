@@ -24,11 +24,14 @@ back, so what is left (the *residual*) is the caller plus a little echo.
   residual level, i.e. of the frames where the echo was alone); until it is
   at least ``min_erle_db`` the residual is not to be trusted.
 
-Measured on the reflex rig's lines (``bench/reflex.py``'s echo lines, a
-least-squares fit over one second): 34 dB of ERLE on a 10 dB line with a
-64-tap filter. Sans-I/O: time comes in as milliseconds; nothing here reads a
-clock. Frames are canonical (480 samples at 24 kHz); the filter runs on every
-third sample of their three-sample mean (the phone band).
+Measured: a one-off least-squares fit of 64 taps over one second of the
+reflex rig's 10 dB echo line cancelled 34 dB; ``tests/test_media_line_echo.py``
+holds this filter to at least 25 dB on a short dispersive path and 20 dB after
+a fit made over double talk. The echo gate and this filter together cost
+about 65 µs per frame pair (``bench/echo_gate.py``). Sans-I/O: time comes in
+as milliseconds; nothing here reads a clock. Frames are canonical (480
+samples at 24 kHz); the filter runs on every third sample of their
+three-sample mean (the phone band).
 """
 
 from __future__ import annotations
@@ -97,12 +100,18 @@ _RIDGE = 1e-3
 #: Render power (mean square, PCM16 units) under which a frame teaches nothing.
 _MIN_RENDER_POWER = 32768.0**2 * 10 ** (-60 / 10)
 _FULL_SCALE_DB = 20 * math.log10(32768.0)
+#: Weights of the three-sample mean phone_band takes.
+_THIRDS = np.full(3, 1.0 / 3.0)
 
 
 def phone_band(frame: bytes) -> npt.NDArray[np.float64]:
-    """A canonical frame at 8 kHz: the mean of each three samples (a light low-pass)."""
+    """A canonical frame at 8 kHz: the mean of each three samples (a light low-pass).
+
+    As one matrix product: ``ndarray.mean`` costs ~7 µs a frame in overhead,
+    and this runs on every frame each way.
+    """
     x = np.frombuffer(frame, dtype="<i2").astype(np.float64).reshape(-1, 3)
-    band: npt.NDArray[np.float64] = x.mean(axis=1)
+    band: npt.NDArray[np.float64] = x @ _THIRDS
     return band
 
 
