@@ -145,7 +145,13 @@ from media.formats import (
     FRAME_MS,
     ms_to_frames,
 )
-from media.line_echo import WAVE_FRAME, LineEchoCanceller, normalised_xcorr, phone_band
+from media.line_echo import (
+    WAVE_FRAME,
+    LineEchoCanceller,
+    RenderBand,
+    normalised_xcorr,
+    phone_band,
+)
 
 __all__ = [
     "CANCELLER",
@@ -518,6 +524,10 @@ class EchoVerdict:
     return loss in use. With the canceller on, ``capture_dbfs`` and
     ``erl_db`` are those of its output and ``cancelled`` is that output (the
     frame with the echo taken out); otherwise ``cancelled`` is None.
+    ``vad_frame`` is the frame as the VAD should hear it (:meth:`EchoGate._vad_frame`):
+    the canceller's output when one is on, silence for a frame judged the
+    assistant's echo alone, the line canceller's residual once it is trusted,
+    else the frame itself.
     """
 
     near_end: bool
@@ -525,7 +535,18 @@ class EchoVerdict:
     capture_dbfs: float
     delay_ms: float | None
     erl_db: float
+    vad_frame: bytes
     cancelled: bytes | None = None
+
+
+#: What the VAD hears of a frame judged the assistant's echo alone.
+_SILENT_FRAME = bytes(CANONICAL_FRAME_BYTES)
+
+
+def _canonical(band: npt.NDArray[np.float64]) -> bytes:
+    """8 kHz samples as a canonical frame (each sample three times: the VAD decimates)."""
+    out = np.clip(np.rint(np.repeat(band, 3)), -32768, 32767).astype("<i2")
+    return out.tobytes()
 
 
 def _check_frame(frame: bytes) -> None:
@@ -625,6 +646,7 @@ class EchoGate:
         "_proof",
         "_proof_rise",
         "_proof_start",
+        "_render_band",
         "_render_env",
         "_render_head",
         "_render_pcm",
@@ -681,6 +703,7 @@ class EchoGate:
             (self._render_size, WAVE_FRAME), np.float32
         )
         self._capture_wave: npt.NDArray[np.float32] = np.zeros(2 * WAVE_FRAME, np.float32)
+        self._render_band = RenderBand()
         # The same after the line canceller (the capture itself where it has no say).
         self._residual_wave: npt.NDArray[np.float32] = np.zeros(2 * WAVE_FRAME, np.float32)
         self._canceller = _new_canceller() if config.canceller else None
@@ -739,7 +762,9 @@ class EchoGate:
             elif slot > head + 1:
                 self._render_env.silence(head + 1, slot - 1)
         self._render_env.put(slot, max(frame_level_dbfs(frame), _ENVELOPE_FLOOR_DBFS))
-        band = phone_band(frame)
+        if head is not None and slot > head + 1:
+            self._render_band.reset()
+        band = self._render_band(frame)
         self._render_wave[slot % self._render_size] = band
         if self._lec is not None:
             self._lec.render(band, sent_ms)
@@ -759,6 +784,7 @@ class EchoGate:
         if head is None or frames <= 0:
             return
         self._render_env.silence(head - frames + 1, head)
+        self._render_band.reset()
         for slot in range(head - frames + 1, head + 1):
             self._render_pcm.pop(slot, None)
         if self._lec is not None:
@@ -875,6 +901,7 @@ class EchoGate:
                         self._checked_run += 1
         if not near_end:
             self._checked_run = 0
+        vad_frame = self._vad_frame(frame, cancelled, cancelled_line, near_end, level)
         if render_peak > _ENVELOPE_FLOOR_DBFS and (
             render_peak - self._min_erl >= self._near_end_floor
         ):
@@ -900,17 +927,43 @@ class EchoGate:
             delay_ms=None if delay is None else float(delay * FRAME_MS),
             erl_db=erl,
             cancelled=cancelled,
+            vad_frame=vad_frame,
         )
 
     def reset(self) -> None:
         """Forget everything rendered and heard, delay and ERL included (as newly built)."""
         self._init_state()
+        self._render_band.reset()
         if self._canceller is not None:
             self._canceller.reset()
         if self._lec is not None:
             self._lec = LineEchoCanceller()
 
     # ---- internals -----------------------------------------------------------
+
+    def _vad_frame(
+        self,
+        frame: bytes,
+        cancelled: bytes | None,
+        cancelled_line: tuple[float, float, npt.NDArray[np.float64]] | None,
+        near_end: bool,
+        level: float,
+    ) -> bytes:
+        """The frame as the VAD should hear it: what this gate leaves of the caller.
+
+        Fed the raw frame, the VAD hears the assistant's own voice in the echo:
+        a door slammed over the echo then sounds like speech (measured on the
+        rig: 0.9 on glass breaking over a 20 dB echo, against 0 on a clean
+        line), and the echo heard before a burst primes its recurrent state.
+        """
+        if cancelled is not None:
+            return cancelled  # WebRTC AEC3's output
+        if not near_end and level >= self._near_end_floor:
+            return _SILENT_FRAME  # the assistant's echo alone: nothing of the caller
+        lec = self._lec
+        if cancelled_line is not None and lec is not None and lec.trusted:
+            return _canonical(cancelled_line[2])
+        return frame
 
     def _cancel(self, canceller: _Canceller, frame: bytes, slot: int) -> bytes:
         """The canceller's output for ``frame``, given the render frame sent in its slot."""

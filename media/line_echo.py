@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from media.formats import CANONICAL_FRAME_SAMPLES
+from media.formats import CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE
 
 __all__ = [
     "ALIGN_MIN_CORRELATION",
@@ -50,11 +50,14 @@ __all__ = [
     "FORGET",
     "MIN_ERLE_DB",
     "PRE_EMPHASIS",
+    "RENDER_BAND_CUTOFF_HZ",
+    "RENDER_BAND_TAPS",
     "SOLVE_EVERY",
     "TAPS",
     "WAVE_FRAME",
     "LineEchoCanceller",
     "LineEchoConfig",
+    "RenderBand",
     "normalised_xcorr",
     "phone_band",
 ]
@@ -113,6 +116,63 @@ def phone_band(frame: bytes) -> npt.NDArray[np.float64]:
     x = np.frombuffer(frame, dtype="<i2").astype(np.float64).reshape(-1, 3)
     band: npt.NDArray[np.float64] = x @ _THIRDS
     return band
+
+
+#: Upper edge of the telephone band (ITU-T G.712: 300-3400 Hz): what a narrowband
+#: line carries of the assistant's voice back as echo.
+RENDER_BAND_CUTOFF_HZ = 3_400.0
+#: Taps of the render's anti-alias filter at 24 kHz (1.3 ms, Hamming-windowed sinc):
+#: -16 dB at 4 kHz and below -50 dB from 5 kHz. Measured on the rig against the
+#: three-sample mean: the line canceller's ERLE on echo alone rose from 30.7 to
+#: 33.6 dB (mock voice, 10 dB return loss) and from 24 to 34 dB (espeak, 6 dB).
+RENDER_BAND_TAPS = 31
+
+
+def _render_band_fir() -> npt.NDArray[np.float64]:
+    n = np.arange(RENDER_BAND_TAPS) - (RENDER_BAND_TAPS - 1) / 2
+    cutoff = RENDER_BAND_CUTOFF_HZ / CANONICAL_SAMPLE_RATE
+    h: npt.NDArray[np.float64] = 2 * cutoff * np.sinc(2 * cutoff * n) * np.hamming(n.size)
+    normalised: npt.NDArray[np.float64] = h / h.sum()
+    return normalised
+
+
+_RENDER_BAND_FIR = _render_band_fir()
+
+
+class RenderBand:
+    """The assistant's frames at 8 kHz, low-passed to the telephone band first.
+
+    :func:`phone_band`'s three-sample mean is no anti-alias filter (-3.5 dB at
+    4 kHz, and 8-12 kHz folds back almost whole). The caller's audio reaches
+    the core band-limited by the line's codec, so the mean loses nothing there;
+    the assistant's is full-band 24 kHz speech, whose 4-12 kHz content the mean
+    would fold into the band as a reference no echo on the line contains, which
+    no linear filter can cancel. Stateful (the filter spans frame edges): one
+    per stream of consecutive frames, :meth:`reset` across a gap.
+    """
+
+    __slots__ = ("_history",)
+
+    def __init__(self) -> None:
+        self._history = np.zeros(RENDER_BAND_TAPS - 1 + CANONICAL_FRAME_SAMPLES)
+
+    def reset(self) -> None:
+        """Forget the frames before: the next one follows silence."""
+        self._history.fill(0.0)
+
+    def __call__(self, frame: bytes) -> npt.NDArray[np.float64]:
+        """One canonical frame (s16le, 24 kHz) as :data:`WAVE_FRAME` samples at 8 kHz."""
+        history = self._history
+        keep = RENDER_BAND_TAPS - 1
+        history[:keep] = history[CANONICAL_FRAME_SAMPLES:]
+        history[keep:] = np.frombuffer(frame, dtype="<i2")
+        step = history.strides[0]
+        # Only every third output is wanted: one row of taps per 8 kHz sample.
+        rows = np.lib.stride_tricks.as_strided(
+            history, (WAVE_FRAME, RENDER_BAND_TAPS), (3 * step, step), writeable=False
+        )
+        band: npt.NDArray[np.float64] = rows @ _RENDER_BAND_FIR
+        return band
 
 
 def _level_db(power: float) -> float:

@@ -712,3 +712,47 @@ def test_line_canceller_keeps_echo_alone_echo(
     flags = near_end(run(gate, line)) & (line.echo_dbfs >= -45.0)
     assert gate._lec is not None and gate._lec.delay is not None
     assert longest_run(flags) <= 1
+
+
+# ---- what the VAD hears ---------------------------------------------------------
+
+
+def test_the_vad_hears_no_echo(assistant: list[bytes], caller: npt.NDArray[np.float64]) -> None:
+    """Frames judged echo alone reach the VAD as silence; the caller through the canceller.
+
+    Fed the raw frame, the VAD hears the assistant's voice in the echo, and a
+    door or a cough over it sounds like speech.
+    """
+    talk = simulate(assistant, rtt_ms=200, erl_db=6.0, caller_8k=caller * 0.5)
+    gate = EchoGate()
+    verdicts = run(gate, talk)
+    heard = [frame for frame, _ in talk.capture]
+    echo_alone = [
+        v
+        for v, echo, talker in zip(verdicts, talk.echo_dbfs, talk.caller_dbfs, strict=True)
+        if not v.near_end and echo >= NEAR_END_FLOOR_DBFS and talker < SPEECH_DBFS - 30
+    ]
+    assert echo_alone and all(v.vad_frame == bytes(CANONICAL_FRAME_BYTES) for v in echo_alone)
+    assert gate._lec is not None and gate._lec.trusted
+    # Double talk judged near end, the canceller trusted: its residual, the echo taken out.
+    double = [
+        (v, frame)
+        for v, frame, echo, talker in zip(
+            verdicts, heard, talk.echo_dbfs, talk.caller_dbfs, strict=True
+        )
+        if v.near_end and echo >= talker and talker >= SPEECH_DBFS
+    ]
+    assert len(double) >= 10
+    late = double[len(double) // 2 :]  # the canceller converged
+    quieter = [frame_level_dbfs(frame) - frame_level_dbfs(v.vad_frame) for v, frame in late]
+    assert float(np.median(quieter)) >= 2.0, quieter
+
+
+def test_the_vad_hears_the_frame_where_nothing_was_played(
+    caller: npt.NDArray[np.float64],
+) -> None:
+    """No render: nothing to take out, the VAD hears the frame itself."""
+    gate = EchoGate()
+    frames = _to_canonical(caller)[:50]
+    verdicts = [gate.capture(f, (k + 1) * FRAME_MS) for k, f in enumerate(frames)]
+    assert all(v.vad_frame == f for v, f in zip(verdicts, frames, strict=True))

@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from media.line_echo import WAVE_FRAME, WAVE_RATE, LineEchoCanceller, phone_band
+from media.line_echo import WAVE_FRAME, WAVE_RATE, LineEchoCanceller, RenderBand, phone_band
 
 FIXTURE = Path(__file__).parent / "fixtures/audio/caller_speech_8k.wav"
 #: Echo path of the tests (8 kHz taps): short and dispersive, as a hybrid's.
@@ -107,3 +107,35 @@ def test_unplayed_of_nothing_changes_nothing(frames: int) -> None:
     lec.render(phone_band(bytes(960)), 0.0)
     lec.unplayed(frames)
     assert lec._render_end == WAVE_FRAME
+
+
+def _tone_frames(hz: float, frames: int) -> list[bytes]:
+    t = np.arange(frames * WAVE_FRAME * 3) / 24_000
+    x = np.rint(8000 * np.sin(2 * np.pi * hz * t)).astype("<i2")
+    return [x[i : i + WAVE_FRAME * 3].tobytes() for i in range(0, x.size, WAVE_FRAME * 3)]
+
+
+def _band_level_db(hz: float, band: RenderBand | None = None) -> float:
+    frames = _tone_frames(hz, 20)
+    out = np.concatenate([phone_band(f) if band is None else band(f) for f in frames])
+    return float(20 * np.log10(np.sqrt(np.mean(out[WAVE_FRAME:] ** 2)) / (8000 / np.sqrt(2))))
+
+
+@pytest.mark.parametrize("hz", [6_000.0, 9_000.0, 11_000.0])
+def test_render_band_keeps_what_the_line_cannot_carry_out(hz: float) -> None:
+    """Tones above the telephone band do not fold into it (the three-sample mean lets them)."""
+    assert _band_level_db(hz, RenderBand()) <= -40.0
+    # phone_band's three-sample mean passes them at -9.5 (6 kHz) to -17 dB (9 kHz), folded.
+    assert _band_level_db(hz) >= -20.0
+
+
+def test_render_band_passes_the_telephone_band_across_frame_edges() -> None:
+    """A 1 kHz tone passes whole and continuous: the filter spans frame edges."""
+    band = RenderBand()
+    out = np.concatenate([band(f) for f in _tone_frames(1_000.0, 10)])[WAVE_FRAME:]
+    level = 20 * np.log10(np.sqrt(np.mean(out**2)) / (8000 / np.sqrt(2)))
+    assert abs(level) <= 0.5
+    # No seams: the tone sampled at 8 kHz moves by at most 2 sin(pi/8) of its peak a sample.
+    assert float(np.max(np.abs(np.diff(out)))) <= 8000 * 2 * np.sin(np.pi / 8) * 1.05
+    band.reset()
+    assert np.allclose(band(bytes(WAVE_FRAME * 6)), 0.0)
