@@ -74,16 +74,17 @@ RESUME_MS = 200
 class PauseOn(StrEnum):
     """What pauses the assistant (sends the provider ``clear``) while it speaks."""
 
-    #: ``pause_ms`` of near-end energy above the floor (the first design).
+    #: ``pause_ms`` of near-end energy above the floor (the first design): the
+    #: fastest, and every cough, door or passing car pauses the assistant too.
     ENERGY = "energy"
     #: ``pause_ms`` of near-end energy above the floor, in a run of which the VAD
-    #: called at least ``pause_speech_ms`` speech.
+    #: called at least ``pause_speech_ms`` speech (probability >= ``pause_probability``).
     SPEECH = "speech"
-    #: Near-end energy *holds* playout at once (the pacer stops feeding the provider,
-    #: which plays out what it has, at most the pacer's lead); the ``clear`` follows
-    #: only when the VAD calls ``hold_confirm_ms`` of it speech. A hold the VAD has
-    #: not confirmed within ``hold_max_ms``, or whose energy stops, is released with
-    #: no ``clear``: the caller hears nothing of it if that came within the lead.
+    #: The speech rule, and while near-end energy waits for the VAD the pacer stops
+    #: feeding the provider (no ``clear``): the hold ends, with no clear, before the
+    #: provider's queue runs dry, so a noise burst leaves no hole. Measured, it
+    #: changes no figure against the speech rule at the default 60 ms lead (the
+    #: VAD gets one or two frames more); a larger RUTSTER_PACER_LEAD_MS gives it more.
     HOLD = "hold"
 
 
@@ -102,6 +103,10 @@ PAUSE_ON = PauseOn.ENERGY
 #: noise (a long sound, a car passing, that someone starts talking over): three
 #: frames, 60 ms. Chosen on the tune split.
 REJECTED_PAUSE_MS = 60
+#: VAD probability those frames need: inside a burst already judged noise, a clear
+#: voice (the probability REJECTED_PAUSE_MS was chosen with, not the lower one
+#: that lets the first frames of a run pause).
+REJECTED_PAUSE_PROBABILITY = 0.8
 #: Speech (VAD) within a run of near-end energy that lets it pause the assistant
 #: (PauseOn.SPEECH): one frame, Silero's latest 32 ms window. Chosen on the tune split.
 PAUSE_SPEECH_MS = 20
@@ -110,12 +115,9 @@ PAUSE_SPEECH_MS = 20
 #: 0.5 / 0.8 / 0.95 gave 3.9 / 2.5 / 1.8 noise pauses a minute for a pause P50 of
 #: 90 / 100 / 110 ms; 0.8 is the lowest within the issue's 3 a minute.
 PAUSE_PROBABILITY = 0.8
-#: Speech frames (VAD) during a hold that turn it into a pause (one frame: Silero's
-#: latest 32 ms window said speech). Chosen on the tune split.
-HOLD_CONFIRM_MS = 20
-#: Longest a hold waits for the VAD before it is released as noise: the pacer's
-#: 60 ms lead (media/pacer.py DEFAULT_LEAD_MS), so a rejected burst leaves no hole.
-HOLD_MAX_MS = 60
+#: A hold ends while the provider still has this much queued (ms): the next caller
+#: frame, and with it the next chance to feed the provider, comes one frame later.
+HOLD_RELEASE_LEAD_MS = float(FRAME_MS)
 
 
 class ReflexState(StrEnum):
@@ -144,8 +146,6 @@ class ReflexConfig:
     pause_on: PauseOn = PAUSE_ON
     pause_speech_ms: float = PAUSE_SPEECH_MS
     pause_probability: float = PAUSE_PROBABILITY
-    hold_confirm_ms: float = HOLD_CONFIRM_MS
-    hold_max_ms: float = HOLD_MAX_MS
     dtmf_barge_in: bool = False
     #: Off for brains that must never be cut (the echo brain, announcements):
     #: caller speech then only drives turns.
@@ -173,6 +173,10 @@ class EchoVerdictLike(Protocol):
     @property
     def capture_dbfs(self) -> float:
         """The caller frame's level."""
+
+    @property
+    def vad_frame(self) -> bytes:
+        """The frame as the VAD should hear it (the assistant's echo taken out)."""
 
 
 class EchoJudge(Protocol):
@@ -235,8 +239,6 @@ class _Hold:
     """Playout held on near-end energy, awaiting the VAD."""
 
     at_ms: float
-    frames: int = 0
-    speech_frames: int = 0
 
 
 @dataclass
@@ -286,12 +288,11 @@ class ReflexLoop:
         self._resume_frames = config.frames(config.resume_ms)
         self._speech_run = 0
         self._near_run = 0
-        self._loud_speech_run = 0
+        self._clear_voice_run = 0
         self._speech_in_near_run = 0
         self._pause_speech = config.frames(config.pause_speech_ms)
-        self._hold_confirm = config.frames(config.hold_confirm_ms)
-        self._hold_max = config.frames(config.hold_max_ms)
         self._hold: _Hold | None = None
+        self._held_this_run = False
         # A burst judged noise (a pause undone, a hold released): no new pause or
         # hold until its energy stops, unless the VAD calls REJECTED_PAUSE_MS of it
         # speech in a row.
@@ -322,7 +323,7 @@ class ReflexLoop:
         """One 20 ms caller frame (canonical PCM) arrived at ``now_ms``."""
         verdict = self._echo.capture(frame, now_ms)
         near_end = verdict.near_end
-        probability = self._detector.process(frame, near_end)
+        probability = self._detector.process(verdict.vad_frame, near_end)
         speech = near_end and probability >= self._threshold
         pause_speech = near_end and probability >= self.config.pause_probability
         actions: list[ReflexAction] = []
@@ -333,7 +334,8 @@ class ReflexLoop:
         # energy the assistant's echo cannot explain, loud enough to be a voice.
         loud = near_end and verdict.capture_dbfs >= self.config.confirm_floor_dbfs
         self._near_run = self._near_run + 1 if loud else 0
-        self._loud_speech_run = self._loud_speech_run + 1 if loud and pause_speech else 0
+        clear_voice = loud and probability >= REJECTED_PAUSE_PROBABILITY
+        self._clear_voice_run = self._clear_voice_run + 1 if clear_voice else 0
         if not loud:
             self._speech_in_near_run = 0
         elif pause_speech:
@@ -355,7 +357,7 @@ class ReflexLoop:
             # not pause again until its energy stops, unless the VAD hears a voice in it.
             if not loud:
                 self._rejected = False
-            elif self._loud_speech_run >= self._rejected_pause:
+            elif self._clear_voice_run >= self._rejected_pause:
                 self._pause_playout(now_ms, actions)
             return
         rule = self.config.pause_on
@@ -363,33 +365,31 @@ class ReflexLoop:
             if self._near_run >= self._pause_frames:
                 self._pause_playout(now_ms, actions)
             return
+        heard = (
+            self._near_run >= self._pause_frames and self._speech_in_near_run >= self._pause_speech
+        )
         if rule is PauseOn.SPEECH:
-            if (
-                self._near_run >= self._pause_frames
-                and self._speech_in_near_run >= self._pause_speech
-            ):
+            if heard:
                 self._pause_playout(now_ms, actions)
             return
-        if self._loud_speech_run >= self._pause_frames:
+        # HOLD: the speech rule; while near-end energy waits for the VAD the pacer
+        # stops feeding the provider (once per run of energy), and the hold ends
+        # before the provider's queue runs dry, so a burst leaves no hole.
+        if heard:
             self._release_hold(now_ms, actions, noise=False)
             self._pause_playout(now_ms, actions)
             return
-        hold = self._hold
-        if hold is None:
-            if loud and self._near_run >= self._pause_frames:
+        if not loud:
+            self._held_this_run = False
+        queue_lasts = self.pacer.lead_ms_now(now_ms) > HOLD_RELEASE_LEAD_MS
+        if self._hold is None:
+            if queue_lasts and self._near_run >= self._pause_frames and not self._held_this_run:
+                self._held_this_run = True
                 self._hold = _Hold(at_ms=now_ms)
                 self.paused = True  # the engine stops feeding the pacer; no clear yet
                 self.counters.holds += 1
                 self._publish("reflex", "barge_in_held", {})
-            return
-        hold.frames += 1
-        if speech and loud:
-            hold.speech_frames += 1
-        if hold.speech_frames >= self._hold_confirm:
-            self._release_hold(now_ms, actions, noise=False)
-            self._pause_playout(now_ms, actions)
-        elif not loud or hold.frames >= self._hold_max:
-            self._rejected = loud
+        elif not loud or not queue_lasts:
             self._release_hold(now_ms, actions, noise=True)
 
     def _release_hold(self, now_ms: float, actions: list[ReflexAction], *, noise: bool) -> None:

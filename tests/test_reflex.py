@@ -415,3 +415,35 @@ def test_noise_bursts_do_not_stutter_the_assistant() -> None:
     # The energy rule pauses on a burst, about once (a cough's two gusts: twice).
     assert 4 <= energy.audible_pauses <= 6, (energy.clears_ms, energy.holes_ms)
     assert not [a for _, a in energy.actions_of(SpeechStarted) if a.interrupted]
+
+
+def _bursts_over_the_assistant(config: ReflexConfig, echo_loss_db: float | None) -> ReflexRig:
+    """Glass, a door, keyboard and footsteps (tune split) every 2 s over 20 s of assistant."""
+    from bench.eval_corpus import noise_bursts, scale_to_dbfs
+
+    bursts = {b.kind: b for b in noise_bursts("tune")}
+    rig = ReflexRig(seconds=22.0, echo_delay_ms=350.0, echo_loss_db=echo_loss_db, config=config)
+    rig.say(speech_24k(0.0, 21.0), "reply", at_s=0.2)
+    kinds = ("glass", "door", "keyboard", "footsteps") * 3
+    for n, kind in enumerate(kinds[:10]):
+        rig.caller_audio(scale_to_dbfs(bursts[kind].pcm24, -20.0), at_s=2.0 + 2.0 * n)
+    return rig.run()
+
+
+def test_noise_over_the_echo_does_not_sound_like_speech() -> None:
+    """Bursts over a 20 dB echo: the VAD hears what the echo gate leaves, not the echo.
+
+    Fed the raw frames, Silero heard the assistant's voice in the echo under each
+    burst (0.9 on breaking glass), and the speech rule paused on most of them.
+    """
+    rig = _bursts_over_the_assistant(ReflexConfig(pause_on=PauseOn.SPEECH), 20.0)
+    assert rig.audible_pauses <= 1, (rig.clears_ms, rig.holes_ms)
+    assert not [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted]
+
+
+def test_a_hold_released_as_noise_leaves_no_hole() -> None:
+    """The hold rule stops feeding the provider on energy, and resumes before it runs dry."""
+    rig = _bursts_over_the_assistant(ReflexConfig(pause_on=PauseOn.HOLD), None)
+    assert rig.reflex.counters.holds >= 8
+    assert rig.reflex.counters.released >= 8
+    assert rig.holes_ms == [] and rig.clears_ms == []
