@@ -396,13 +396,13 @@ def test_reflex_knobs_from_the_environment() -> None:
             "RUTSTER_DTMF_BARGE_IN": "yes",
             "RUTSTER_VAD": "webrtc",
             "RUTSTER_ECHO_CANCELLER": "on",
-            "RUTSTER_BARGE_IN_PAUSE_ON": "Speech",
+            "RUTSTER_BARGE_IN_PAUSE_ON": "Energy",
             "RUTSTER_BARGE_IN_PAUSE_PROBABILITY": "0.6",
         }
     )
-    assert config.reflex.pause_on is PauseOn.SPEECH
+    assert config.reflex.pause_on is PauseOn.ENERGY
     assert config.reflex.pause_probability == 0.6
-    assert GatewayConfig.from_env({}).reflex.pause_on is PauseOn.ENERGY
+    assert GatewayConfig.from_env({}).reflex.pause_on is PauseOn.SPEECH
     assert not config.reflex.barge_in
     assert config.reflex.confirm_ms == 500
     assert config.reflex.confirm_floor_dbfs == -40.5

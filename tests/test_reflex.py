@@ -320,17 +320,17 @@ def _pause_latencies_ms(
 def test_every_interruption_of_a_call_on_a_clean_line_pauses_within_60_ms(
     level_dbfs: float,
 ) -> None:
-    """With the default (energy) pause rule, the core reacts within 60 ms, every time.
+    """With the energy pause rule, the core reacts within 60 ms, every time.
 
     That is the echo gate's property: nothing it learns in a call locks the caller
-    out. (The speech rule also waits for the VAD; see the next test.)
+    out. (The default speech rule also waits for the VAD; see the next test.)
     """
-    _every_interruption_pauses(level_dbfs, ReflexConfig(), 60.0, 150.0)
+    _every_interruption_pauses(level_dbfs, ReflexConfig(pause_on=PauseOn.ENERGY), 60.0, 150.0)
 
 
 @pytest.mark.parametrize("level_dbfs", [-35.0, -22.0, -12.0])
 def test_every_interruption_of_a_call_pauses_with_the_speech_rule(level_dbfs: float) -> None:
-    """The speech rule (PauseOn.SPEECH) adds the VAD's onset: within 300 ms, every time.
+    """The default speech rule (PauseOn.SPEECH) adds the VAD's onset: within 300 ms, every time.
 
     Measured on this fixture (Silero at 8 kHz): P50 60 ms, slowest 220 ms; the
     price of not pausing on coughs, doors and cars.
@@ -411,7 +411,7 @@ def test_noise_bursts_do_not_stutter_the_assistant() -> None:
     rig = run(ReflexConfig(pause_on=PauseOn.SPEECH))
     assert rig.audible_pauses <= 1, (rig.clears_ms, rig.holes_ms)
     assert not [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted]
-    energy = run(ReflexConfig())
+    energy = run(ReflexConfig(pause_on=PauseOn.ENERGY))
     # The energy rule pauses on a burst, about once (a cough's two gusts: twice).
     assert 4 <= energy.audible_pauses <= 6, (energy.clears_ms, energy.holes_ms)
     assert not [a for _, a in energy.actions_of(SpeechStarted) if a.interrupted]
