@@ -313,7 +313,9 @@ ECHO_COHERENCE = 0.35
 #: one is not a copy. Chosen on the tune split: 0.7 and 0.8 both took the
 #: echo-alone pauses of the 30 -> 10 dB mid-call line from 1.5 a minute to 0;
 #: on tests/test_media_echo_gate.py's dispersive path a louder echo correlated
-#: 0.76-0.84 at times, so 0.7.
+#: 0.76-0.84 at times, so 0.7. A copy found at a lag away from the known delay
+#: also drops that delay (the path moved): on the tune split, under the speech
+#: rule, the mid-call line's echo-alone pauses went from 0.75 a minute to 0.
 ECHO_COPY = 0.7
 #: Whether the line echo canceller (media.line_echo) runs once a delay is known,
 #: to hear a caller under an echo energy cannot clear (measured on the tune split's
@@ -860,7 +862,7 @@ class EchoGate:
                 and delay is None
                 and level >= max(self._near_end_floor, COHERENCE_FLOOR_DBFS)
                 and level >= self._noise_floor(slot) + COHERENCE_NOISE_MARGIN_DB
-                and self._coherence(slot) < self._config.echo_coherence
+                and self._coherence(slot)[0] < self._config.echo_coherence
             ):
                 # Loud enough to be echo of a lag not yet proven clean, but no
                 # copy of anything played: the caller (a caller who starts d ms
@@ -895,8 +897,16 @@ class EchoGate:
                     # predict (the path turned louder, a new path), not the caller.
                     wave = self._residual_wave if by_residual else self._capture_wave
                     copy = RESIDUAL_COPY if by_residual else self._config.echo_copy
-                    if self._coherence(slot, wave) >= copy:
+                    best, lag = self._coherence(slot, wave)
+                    if best >= copy:
                         near_end = False
+                        if delay is not None and abs(lag - delay) > self._spread + 1:
+                            # A copy more than a frame beyond the delay's spread:
+                            # the echo now comes at another delay (the path moved,
+                            # a caller switching to speakerphone). What was learned
+                            # of the old path goes; the per-lag bounds and the
+                            # waveform tests serve until the new one is learned.
+                            self._forget_delay(slot)
                     else:
                         self._checked_run += 1
         if not near_end:
@@ -1054,8 +1064,11 @@ class EchoGate:
         lec.align((low_ms + high_ms) / 2, (high_ms - low_ms) / 2)
         self._lec_aligned_for = None
 
-    def _coherence(self, slot: int, wave: npt.NDArray[np.float32] | None = None) -> float:
-        """Best normalised cross-correlation of the last two frames heard with the render.
+    def _coherence(
+        self, slot: int, wave: npt.NDArray[np.float32] | None = None
+    ) -> tuple[float, float]:
+        """Best normalised cross-correlation of the last two frames heard with the render,
+        and the lag (frames) it is at.
 
         Over every offset the lag range allows (pre-emphasised 8 kHz
         waveforms): near 1 when the line carries a copy of what was played
@@ -1069,7 +1082,11 @@ class EchoGate:
         render = (self._render_wave[rows] * audible[:, None]).ravel().astype(np.float64)
         capture = (self._capture_wave if wave is None else wave).astype(np.float64)
         ncc = normalised_xcorr(render, capture)
-        return float(ncc.max()) if len(ncc) else 0.0
+        if not len(ncc):
+            return 0.0, math.nan
+        best = int(ncc.argmax())
+        # Render row i is slot - 1 - hi + i, and the two frames heard start at slot - 1.
+        return float(ncc[best]), hi - best / WAVE_FRAME
 
     def _forget_delay(self, slot: int | None = None) -> None:
         """Drop the delay and all the ERL learned (back to the conservative prediction).

@@ -15,6 +15,7 @@ from brains.tap import SpeechStarted, SpeechStopped
 from gateway.engine_rig import (
     FRAME_MS,
     RATE,
+    EchoPath,
     InterruptingCaller,
     Interruption,
     ReflexRig,
@@ -447,3 +448,31 @@ def test_a_hold_released_as_noise_leaves_no_hole() -> None:
     assert rig.reflex.counters.holds >= 8
     assert rig.reflex.counters.released >= 8
     assert rig.holes_ms == [] and rig.clears_ms == []
+
+
+@pytest.mark.parametrize("speaker", ["aepyx", "arctic_slt", "ast_ru_ivrvoice"])
+def test_an_echo_path_that_moves_mid_call_pauses_nothing(speaker: str) -> None:
+    """Echo alone; at 20 s the path turns 20 dB louder and 250 ms later (speakerphone).
+
+    The first frames of the new echo are a copy of the render at a lag away from
+    the delay the gate knew: the path moved, and what it learned of the old one
+    goes. Before, the gate took the new echo for the caller until it had
+    relearned, and the assistant paused and was cut (tune voices, speech rule).
+    """
+    from bench.eval_corpus import scale_to_dbfs, utterances
+
+    voice = b"".join(u.pcm24 for u in utterances("tune") if u.speaker == speaker)
+    need = 40 * RATE * 2
+    voice = scale_to_dbfs((voice * (need // len(voice) + 1))[:need], -18.0)
+    rig = ReflexRig(
+        seconds=41.0,
+        echo_delay_ms=150.0,
+        echo_loss_db=30.0,
+        noise_dbfs=-75.0,
+        echo_changes=(EchoPath(20.0, 400.0, 10.0),),
+        config=ReflexConfig(pause_on=PauseOn.SPEECH),
+    )
+    rig.say(voice, "reply", at_s=0.5)
+    rig.run()
+    assert rig.audible_pauses == 0, (rig.clears_ms, rig.holes_ms)
+    assert not rig.actions_of(SpeechStarted)
