@@ -92,7 +92,7 @@ class PauseOn(StrEnum):
 #: the VAD hearing what the echo gate leaves of the caller, media/echo_gate.py
 #: EchoVerdict.vad_frame): interruptions missed 0 (energy) and 0 (speech, VAD >=
 #: 0.2); onset -> clear P95 280 against 330 ms, P50 80 ms both; noise-only pauses
-#: a minute 21.8 against 3.0. Energy answers any sound above the floor within
+#: a minute 21.4 against 3.0. Energy answers any sound above the floor within
 #: 60 ms, and so stops the assistant for most noise bursts; the speech rule
 #: meets the issue's 3 a minute, ~50 ms later at P95.
 #: RUTSTER_BARGE_IN_PAUSE_ON=energy is the choice where callers are in quiet places.
