@@ -206,6 +206,30 @@ async def test_webhook_bad_bodies(gateway: RunningGateway) -> None:
     assert bad_sid.status_code == 400
 
 
+@pytest.mark.parametrize("field", ["From", "To", "Direction"])
+@pytest.mark.parametrize("char", ["\x00", "\x01", "\x0b"])
+async def test_webhook_party_fields_xml_cannot_carry_are_refused(
+    gateway: RunningGateway, field: str, char: str
+) -> None:
+    """Issue 14, finding 5: a signed webhook whose From, To or Direction holds a
+    character XML cannot carry got a 500 (from the TwiML builder), after the
+    spend gate had admitted the call. Now: 400, counted, nothing admitted."""
+    url = f"{gateway.url}/twilio/voice"
+    form = {"CallSid": "CA" + "1" * 32, "From": "+15550001111", "To": "+15550002222"}
+    form[field] = f"+1555{char}0001111"
+    async with httpx.AsyncClient() as client:
+        response = await client.post(
+            url, data=form, headers=signed_headers(TEST_AUTH_TOKEN, url, form)
+        )
+    assert response.status_code == 400, response.text
+    assert field in response.text
+    assert (
+        gateway.metric("rutster_bad_messages_total", source="twilio_webhook", reason="bad_party")
+        == 1
+    )
+    assert not gateway.metric("rutster_admissions_total", outcome="admitted", reason="ok")
+
+
 async def test_brain_override_must_be_allowlisted(gateway: RunningGateway) -> None:
     evil = "ws://169.254.169.254/latest"
     url = f"{gateway.url}/twilio/voice?brain={evil}"

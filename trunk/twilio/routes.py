@@ -48,7 +48,12 @@ from trunk.twilio.codec import (
 )
 from trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
 from trunk.twilio.stream_token import StreamTokenSigner
-from trunk.twilio.twiml import connect_stream_twiml, reject_twiml, say_hangup_twiml
+from trunk.twilio.twiml import (
+    connect_stream_twiml,
+    reject_twiml,
+    say_hangup_twiml,
+    xml_can_carry,
+)
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +136,11 @@ async def twilio_voice(request: Request) -> Response:
     if not CALL_SID_PATTERN.fullmatch(call_sid):
         metrics.bad_messages.labels("twilio_webhook", "bad_call_sid").inc()
         return PlainTextResponse("missing or malformed CallSid", 400)
+    for party in ("From", "To", "Direction"):
+        # Echoed into the TwiML's <Parameter>s: refused before anything is admitted.
+        if not xml_can_carry(fields.get(party, "")):
+            metrics.bad_messages.labels("twilio_webhook", "bad_party").inc()
+            return PlainTextResponse(f"{party} holds a character XML cannot carry", 400)
     to = fields.get("To", "")
     placed = request.query_params.get(QUERY_CALL)
     if placed is not None:

@@ -234,6 +234,11 @@ def _split_url(url: str, what: str) -> SplitResult:
     return split
 
 
+def xml_can_carry(value: str) -> bool:
+    """Whether every character of ``value`` is one XML 1.0 can carry (W3C XML 1.0 §2.2)."""
+    return _INVALID_XML_CHARS.search(value) is None
+
+
 def _xml_text(value: str, what: str) -> str:
     """Return ``value`` if XML can carry it; ``ValueError`` otherwise."""
     if _INVALID_XML_CHARS.search(value):
