@@ -29,7 +29,6 @@ from gateway.ws_close import (
     CLOSE_MESSAGE_TOO_BIG,
     CLOSE_NORMAL,
     CLOSE_POLICY_VIOLATION,
-    CLOSE_PROTOCOL_ERROR,
     CLOSE_SERVICE_RESTART,
 )
 from spend.store import StoreUnavailable
@@ -140,7 +139,10 @@ async def await_start(
     """Read up to ``start``; None (socket closed) on timeout, close, ``stop`` or a fatal error."""
 
     async def fatal(reason: str) -> None:
-        await refuse(websocket, CLOSE_PROTOCOL_ERROR, reason)
+        # Nothing before a valid start is authenticated: a malformed one is a
+        # failure to present the stream token, refused as policy (1008, RFC 6455
+        # §7.4.1), as the README promises for every such failure.
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, reason)
 
     try:
         async with asyncio.timeout(START_TIMEOUT_S):

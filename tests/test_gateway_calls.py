@@ -267,6 +267,47 @@ async def test_wrong_stream_token_closes_before_brain(
     assert not gateway.state.calls
 
 
+def _malformed_start(kind: str, start: dict[str, Any]) -> dict[str, Any]:
+    body = start["start"]
+    if kind == "token_not_a_string":
+        body["customParameters"]["rutster_token"] = 12345
+    elif kind == "no_call_sid":
+        del body["callSid"]
+    else:  # an encoding Twilio does not send on bidirectional streams
+        body["mediaFormat"] = {"encoding": "audio/flac", "sampleRate": 44100, "channels": 2}
+    return start
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("token_not_a_string", "bad_start"),
+        ("no_call_sid", "bad_start"),
+        ("bad_media_format", "unsupported_media_format"),
+    ],
+)
+async def test_malformed_start_closes_1008(
+    gateway: RunningGateway, echo_brain: EchoBrain, kind: str, reason: str
+) -> None:
+    """Issue 14, finding 10: a malformed ``start`` is a failure to present a valid
+    stream token, which the README promises closes 1008; it closed 1002."""
+    sim = simulator(gateway)
+    call_sid = new_sid("CA")
+    instructions = await sim.open_stream(call_sid, from_="+15550001111", to="+15550002222")
+    ws = await sim.connect_media(instructions)
+    await ws.send(connected_message())
+    start = json.loads(
+        start_message(new_sid("MZ"), call_sid, sim.account_sid, instructions.parameters)
+    )
+    await ws.send(json.dumps(_malformed_start(kind, start)))
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008, closed.value
+    assert gateway.metric("rutster_bad_messages_total", source="twilio", reason=reason) == 1
+    assert not gateway.metric("rutster_tap_connects_total")
+
+
 async def test_token_is_bound_to_the_call_sid(gateway: RunningGateway) -> None:
     sim = simulator(gateway)
     instructions = await sim.open_stream(new_sid("CA"), from_="+1", to="+2")
