@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from brains.tool_catalog import TOOL_CATALOG
 from gateway.event_bus import CallEvent
 
 #: Pacer wake-up lateness buckets (seconds): fine below the 10 ms jitter goal of
@@ -28,6 +29,12 @@ PACER_LATENESS_BUCKETS = (
     0.1,
     0.25,
 )
+
+
+#: The ``tool`` label of a tool call to a name the gateway does not implement:
+#: a brain may invent any number of names, and each label value is a series
+#: kept for the life of the process.
+OTHER_TOOL_LABEL = "other"
 
 
 class GatewayMetrics:
@@ -109,7 +116,7 @@ class GatewayMetrics:
         )
         self.tool_calls = Counter(
             "rutster_tool_calls",
-            "Brain tool calls answered by the registry, by tool and status",
+            "Brain tool calls answered by the registry, by tool (gateway's, or other) and status",
             ["tool", "status"],
             registry=r,
         )
@@ -220,4 +227,6 @@ class GatewayMetrics:
             if isinstance(excess := payload["excess_micros"], int) and excess > 0:
                 self.spend_usage_excess_micros.inc(excess)
         elif kind == "tool_call":
-            self.tool_calls.labels(str(payload["tool"]), str(payload["status"])).inc()
+            tool = str(payload["tool"])
+            label = tool if tool in TOOL_CATALOG else OTHER_TOOL_LABEL
+            self.tool_calls.labels(label, str(payload["status"])).inc()

@@ -1,0 +1,34 @@
+"""Gateway metrics: what peers can and cannot do to them."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from brains.tool_catalog import TOOL_CATALOG
+from gateway.event_bus import CallEvent
+from gateway.metrics import OTHER_TOOL_LABEL, GatewayMetrics
+
+
+def _tool_call(tool: str, status: str = "not_implemented") -> CallEvent:
+    return CallEvent("s1", 0, "tool", "tool_call", {"tool": tool, "status": status})
+
+
+def test_invented_tool_names_do_not_grow_the_metrics() -> None:
+    """Issue 14, finding 6: every tool name a brain invented became a new
+    ``rutster_tool_calls_total`` series (2,000 names: /metrics 9 KB -> 356 KB, never
+    shrinking). Only the gateway's own tools are labelled; the rest count as other."""
+    metrics = GatewayMetrics()
+    before = len(generate_latest(metrics.registry))
+    for n in range(2_000):
+        metrics.on_call_event(_tool_call(f"invented_{n}"))
+    for name in TOOL_CATALOG:
+        metrics.on_call_event(_tool_call(name, "ok"))
+    grown = len(generate_latest(metrics.registry)) - before
+    assert grown < 2_000, grown
+    sample = metrics.registry.get_sample_value
+    assert (
+        sample("rutster_tool_calls_total", {"tool": OTHER_TOOL_LABEL, "status": "not_implemented"})
+        == 2_000
+    )
+    for name in TOOL_CATALOG:
+        assert sample("rutster_tool_calls_total", {"tool": name, "status": "ok"}) == 1
