@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import secrets
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from gateway.admin_cli import add_admin_parser
+from gateway.log_format import setup_logging
 from trunk.sip.cli import add_sip_parsers
 
 #: The recorded speech shipped with the project (tests/fixtures/audio/README.md).
@@ -37,10 +37,7 @@ METRICS_TIMEOUT_S = 5.0
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(level)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import logging
 import sys
 
 from gateway.env_values import ConfigError
+from gateway.log_format import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -19,9 +20,7 @@ DEFAULT_POOL_WORKERS = 2
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(level)
 
 
 def cmd_sip_worker(args: argparse.Namespace) -> int:
