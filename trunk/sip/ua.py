@@ -39,6 +39,8 @@ __all__ = [
     "WHEEL_MAX_CALLS",
     "InviteArrived",
     "InviteInfo",
+    "InviteRefusal",
+    "InviteScreen",
     "LegAudio",
     "LegConnected",
     "LegDtmf",
@@ -185,6 +187,19 @@ class InviteInfo:
     transport: Transport
     headers: Mapping[str, str]
     authorization: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class InviteRefusal:
+    """How an INVITE screened out on the pjsua thread is answered (status and headers)."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+#: Judges an incoming INVITE on the pjsua thread, before any leg is announced: None
+#: lets it through (``InviteArrived``), a refusal answers it at once.
+InviteScreen = Callable[[InviteInfo], InviteRefusal | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -620,6 +635,13 @@ class SipUserAgent:
     Every inbound leg (after ``InviteArrived``) and every outbound leg that
     connected ends with exactly one ``LegEnded``; an outbound leg that never
     connected ends with exactly one ``LegFailed``.
+
+    ``screen`` (optional) judges each INVITE on the pjsua thread itself: one it
+    refuses is answered within the callback, so it never holds one of the
+    wheel's few call slots (:data:`WHEEL_MAX_CALLS`) while the loop thread gets
+    to it. Round-tripped through asyncio, a scanner's INVITEs filled the slots
+    under load and pjsua answered the next ones 486 Busy Here on its own, which
+    told the scanner apart from the uniform refusal (an "extension" found).
     """
 
     def __init__(
@@ -627,9 +649,12 @@ class SipUserAgent:
         settings: UaSettings,
         on_event: Callable[[SipEvent], None],
         loop: asyncio.AbstractEventLoop,
+        *,
+        screen: InviteScreen | None = None,
     ) -> None:
         self.settings = settings
         self._on_event = on_event
+        self._screen = screen
         self._loop = loop
         self._commands: queue.SimpleQueue[
             tuple[Callable[[], Any], concurrent.futures.Future[Any]]
@@ -649,6 +674,8 @@ class SipUserAgent:
         # only on the pjsua thread.
         self._audio: dict[int, _LegAudio] = {}
         self._pending_release: list[int] = []
+        #: INVITEs the screen refused, answered right after the callback (pjsua thread).
+        self._screened: list[tuple[int, InviteRefusal]] = []
         #: Disconnected bridge ports kept alive until no clock tick can be inside them.
         self._retired_ports: list[tuple[float, _LegPort]] = []
         self._leg_ids = itertools.count(1)
@@ -870,6 +897,7 @@ class SipUserAgent:
         try:
             while not self._stop_requested:
                 self._ep.libHandleEvents(_POLL_MS if self._setting_up() else _STEADY_POLL_MS)
+                self._refuse_screened()
                 self._drain_commands()
                 self._release_pending()
         except Exception:
@@ -1124,8 +1152,34 @@ class SipUserAgent:
         state = self._register(call, "in")
         rdata = prm.rdata
         info = invite_info_from_message(str(rdata.wholeMsg), str(rdata.srcAddress))
+        screen = self._screen
+        refusal = screen(info) if screen is not None else None
+        if refusal is not None:
+            # Never announced, so no LegEnded; the object lives until pjsua releases it.
+            # Answered as soon as this callback has returned (the loop's next step): a
+            # final answer from inside onIncomingCall crashed pjsip ("pjsip_rx_data_free_
+            # cloned: Assertion `rdata' failed") and a hangup() there lost the 401's
+            # WWW-Authenticate headers.
+            state.ending = True
+            state.local_end = "local_hangup"
+            self._screened.append((state.leg, refusal))
+            return
         state.announced = True
         self._emit(InviteArrived(state.leg, info))
+
+    def _refuse_screened(self) -> None:
+        """Answer the INVITEs the screen refused during the last libHandleEvents."""
+        if not self._screened:
+            return
+        screened, self._screened = self._screened, []
+        for leg, refusal in screened:
+            state = self._legs.get(leg)
+            if state is None:
+                continue  # the caller CANCELled meanwhile and pjsua ended it
+            try:
+                state.call.hangup(_call_param(refusal.status, refusal.headers))
+            except pj.Error as exc:
+                _log.debug("refusing a screened INVITE failed: %s", exc.info())
 
     def _on_call_state(self, call: _Call) -> None:
         state = self._legs.get(call.leg)

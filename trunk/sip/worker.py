@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ from trunk.sip.digest import DigestAuthenticator
 from trunk.sip.source_filter import SourceFilter
 from trunk.sip.ua import (
     InviteArrived,
+    InviteInfo,
+    InviteRefusal,
     LegAudio,
     LegConnected,
     LegDtmf,
@@ -161,6 +164,8 @@ class SipWorker:
                 reject_code=settings.reject_code,
             )
         )
+        # decide() runs on the pjsua thread (the INVITE screen), blocked_sources() on the loop.
+        self._policy_lock = threading.Lock()
         self._ua: SipUserAgent | None = None
         self._control: ClientConnection | None = None
         self._legs: dict[int, _Leg] = {}
@@ -201,6 +206,7 @@ class SipWorker:
             ),
             self._on_ua_event,
             asyncio.get_running_loop(),
+            screen=self._screen_invite,
         )
         await asyncio.to_thread(self._ua.start)
         if settings.unknown_response == "drop":
@@ -250,7 +256,8 @@ class SipWorker:
         shown: list[str] = []
         while True:
             await asyncio.sleep(DENY_LIST_REFRESH_S)
-            blocked = self._policy.blocked_sources(time.time())
+            with self._policy_lock:
+                blocked = self._policy.blocked_sources(time.time())
             if blocked != shown:
                 source_filter.update_denied(blocked)
                 shown = blocked
@@ -380,21 +387,23 @@ class SipWorker:
 
     # ---- inbound -------------------------------------------------------------------
 
+    def _screen_invite(self, info: InviteInfo) -> InviteRefusal | None:
+        """The access policy on an INVITE, on the pjsua thread (see SipUserAgent's screen)."""
+        with self._policy_lock:
+            # Wall time: digest nonces carry a timestamp that must survive a restart.
+            decision = self._policy.decide(info.source, info.authorization, "INVITE", time.time())
+        if decision.action is AccessAction.ACCEPT:
+            return None
+        self.metrics.invites.labels(decision.reason).inc()  # prometheus-client: thread-safe
+        # DROP still ends the INVITE (pjsua already sent 100 Trying); the kernel filter
+        # (drop mode) keeps such sources from reaching pjsua at all. A 401 carries one
+        # WWW-Authenticate per algorithm (SHA-256, MD5).
+        return InviteRefusal(decision.status or self._settings.reject_code, decision.headers)
+
     async def _on_invite(self, event: InviteArrived) -> None:
         ua = self._ua
         assert ua is not None
-        info = event.info
-        # Wall time: digest nonces carry a timestamp that must survive a restart.
-        decision = self._policy.decide(info.source, info.authorization, "INVITE", time.time())
-        if decision.action is not AccessAction.ACCEPT:
-            self.metrics.invites.labels(decision.reason).inc()
-            # DROP still ends the INVITE (pjsua already sent 100 Trying); the kernel
-            # filter (drop mode) keeps such sources from reaching pjsua at all.
-            status = decision.status or self._settings.reject_code
-            with contextlib.suppress(SipUaError):
-                # A 401 carries one WWW-Authenticate per algorithm (SHA-256, MD5).
-                await ua.reject(event.leg, status, decision.headers)
-            return
+        info = event.info  # let through by _screen_invite
         if self._control is None:
             self.metrics.invites.labels("no_gateway").inc()
             with contextlib.suppress(SipUaError):
