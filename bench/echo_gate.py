@@ -2,12 +2,21 @@
 
 Builds simulated calls in which the caller's line returns the assistant's own
 voice: the assistant's canonical frames go through the real outbound path
-(:class:`~media.transform.OutboundTransform`, μ-law 8 kHz), are delayed by the
-send-ahead and a network round trip, filtered by a short random echo path,
-attenuated by the echo return loss (ERL) with a slow level wobble, mixed with
-a little line noise (and, for double talk, the caller's own speech), μ-law
-encoded again and brought back through
-:class:`~media.transform.InboundTransform`. Everything is seeded.
+(:class:`~media.transform.OutboundTransform`, 24 -> 8 kHz, μ-law), are delayed
+by the send-ahead and a network round trip, filtered by a short random echo
+path, attenuated by the echo return loss (ERL) with a slow level wobble, mixed
+with a little line noise (and, for double talk, the caller's own speech) and
+μ-law encoded again. Everything is seeded.
+
+The gate is fed what :class:`~gateway.media_engine.MediaEngine` feeds it:
+narrowband frames (8 kHz, :mod:`media.narrowband`) on the wire side of the
+resamplers. Render: each canonical frame's outbound resampled PCM, before the
+μ-law encoding, cut by a :class:`~media.narrowband.NarrowbandTap` and given
+that canonical frame's send time. Capture: the line's μ-law decoded 20 ms
+chunk by chunk and cut by another tap, with no inbound resampler. The echo
+delay the gate finds is the round trip plus the send-ahead only (and the 20
+ms a capture frame takes to arrive whole: measured 160, 280 and 480 ms at 80,
+200 and 400 ms round trip, 20 dB ERL), no resampler's delay in it.
 
 The assistant is the speech fixture's 3-9 s and the mock voice
 (:func:`brains.realtime.mock_voice.synthesize_reply`); the caller is the
@@ -15,7 +24,8 @@ fixture's 9-14 s and 19-24 s, so the two never share audio.
 
 Per delay/ERL condition it prints, side by side for the energy gate
 (:class:`~media.echo_gate.EchoGate`) and for the gate behind WebRTC's AEC3
-(``EchoGateConfig(canceller=True)``, when ``pywebrtc-audio`` is installed):
+(``EchoGateConfig(canceller=True)``, running at 8 kHz, when ``pywebrtc-audio``
+is installed):
 on echo alone, false near-end frames in the first 500 ms of audible echo,
 then the share of frames with audible echo wrongly called near end, false
 runs per minute of echo and the longest run; in double talk, the share of
@@ -53,11 +63,13 @@ from media.endpointing import frame_level_dbfs
 from media.formats import (
     CANONICAL_FRAME_BYTES,
     FRAME_MS,
+    NARROWBAND_FRAME_BYTES,
     TWILIO_MULAW_8K,
     Encoding,
     MediaFormat,
 )
 from media.g711 import ulaw_decode, ulaw_encode
+from media.narrowband import NarrowbandTap
 from media.transform import InboundTransform, OutboundTransform
 from trunk.twilio.simulator import read_wav_8k
 
@@ -150,9 +162,9 @@ def _fixture_span(speech_8k: bytes, span_s: tuple[float, float]) -> npt.NDArray[
 def assistant_frames(speech_8k: bytes) -> list[bytes]:
     """The assistant's side of a call: canonical frames, about 31 s.
 
-    The fixture's 3-9 s (through the inbound path to 24 kHz), a mock-voice
-    utterance, the fixture span again 4 dB quieter and another mock utterance,
-    with short silences between.
+    The fixture's 3-9 s (through the inbound path to 24 kHz, as a brain's
+    audio would be), a mock-voice utterance, the fixture span again 4 dB
+    quieter and another mock utterance, with short silences between.
     """
     fixture_24k = b"".join(
         InboundTransform(_L16_8K).process(_pcm(_fixture_span(speech_8k, ASSISTANT_SPAN_S)))
@@ -187,19 +199,21 @@ def caller_signal(speech_8k: bytes, length: int) -> npt.NDArray[np.float64]:
 class Call:
     """One simulated call, frame by frame, with what each capture frame really holds."""
 
-    render: list[tuple[bytes, float]]  # (frame, sent_ms)
-    capture: list[tuple[bytes, float]]  # (frame, now_ms)
+    render: list[tuple[bytes, float]]  # (narrowband frame, sent_ms of its canonical frame)
+    capture: list[tuple[bytes, float]]  # (narrowband frame, now_ms)
     echo_dbfs: npt.NDArray[np.float64]  # echo alone in each capture frame
     caller_dbfs: npt.NDArray[np.float64]  # caller alone in each capture frame
 
 
-def _inbound_levels(signal_8k: npt.NDArray[np.float64], count: int) -> npt.NDArray[np.float64]:
-    """Per canonical frame level of an 8 kHz signal, aligned with the capture frames."""
-    inbound = InboundTransform(_L16_8K)
+def _narrowband_levels(signal_8k: npt.NDArray[np.float64], count: int) -> npt.NDArray[np.float64]:
+    """Per narrowband frame level of an 8 kHz signal, aligned with the capture frames.
+
+    At the 8 kHz wire rate the capture tap only frames, so frame k of the
+    signal is exactly what capture frame k holds of it.
+    """
     pcm = _pcm(signal_8k)
-    frames: list[bytes] = []
-    for start in range(0, len(pcm), 2 * WIRE_CHUNK):
-        frames += inbound.process(pcm[start : start + 2 * WIRE_CHUNK])
+    usable = len(pcm) - len(pcm) % NARROWBAND_FRAME_BYTES
+    frames = [pcm[i : i + NARROWBAND_FRAME_BYTES] for i in range(0, usable, NARROWBAND_FRAME_BYTES)]
     levels = np.array([frame_level_dbfs(f) for f in frames[:count]])
     return np.pad(levels, (0, count - len(levels)), constant_values=levels.min(initial=-100.0))
 
@@ -213,7 +227,7 @@ def build_call(
     stall_ms: float = 0.0,
     seed: int = 0,
 ) -> Call:
-    """Simulate the line for ``render_frames``: echo (and a caller), as the gateway hears it.
+    """Simulate the line for canonical ``render_frames``: echo (and a caller), as the gate hears it.
 
     ``delay_ms`` is the network round trip (the send-ahead is added);
     ``stall_ms`` holds capture frames up to that long now and then (see
@@ -221,8 +235,17 @@ def build_call(
     """
     rng = np.random.default_rng(seed)
     outbound = OutboundTransform(TWILIO_MULAW_8K)
-    wire_out = b"".join(outbound.process(frame) for frame in render_frames)
-    played = _samples(ulaw_decode(wire_out))
+    render_tap = NarrowbandTap(WIRE_RATE)
+    render: list[tuple[bytes, float]] = []
+    wire_chunks: list[bytes] = []
+    for k, frame in enumerate(render_frames):
+        # As MediaEngine does: the wire-rate PCM of each frame sent feeds the gate,
+        # stamped with that frame's send time; its μ-law encoding goes on the line.
+        wire = outbound.resample(frame)
+        wire_chunks.append(wire)
+        sent_ms = float(k * FRAME_MS)
+        render += [(band, sent_ms) for band in render_tap.push(wire)]
+    played = _samples(ulaw_decode(outbound.encode(b"".join(wire_chunks))))
     length = len(played) + int(2 * (delay_ms + SEND_AHEAD_MS)) * WIRE_PER_MS
 
     taps = np.arange(ECHO_PATH_TAPS)
@@ -245,10 +268,12 @@ def build_call(
         caller[:n] = caller_8k[:n]
     wire_in = ulaw_encode(_pcm(echo + caller + noise))
 
-    inbound = InboundTransform(TWILIO_MULAW_8K)
+    # The caller's side straight off the wire, as MediaEngine taps it: decoded
+    # chunk by chunk, framed at 8 kHz, no resampler in between.
+    capture_tap = NarrowbandTap(WIRE_RATE)
     capture_frames: list[bytes] = []
     for start in range(0, len(wire_in), WIRE_CHUNK):
-        capture_frames += inbound.process(wire_in[start : start + WIRE_CHUNK])
+        capture_frames += capture_tap.push(ulaw_decode(wire_in[start : start + WIRE_CHUNK]))
     arrival = np.arange(1, len(capture_frames) + 1) * float(FRAME_MS)
     if stall_ms:
         # Network stalls: every STALL_EVERY_MS (jittered) the socket holds the
@@ -260,10 +285,10 @@ def build_call(
             stall = release + rng.uniform(0.5, 1.5) * STALL_EVERY_MS
     count = len(capture_frames)
     return Call(
-        render=[(frame, float(k * FRAME_MS)) for k, frame in enumerate(render_frames)],
+        render=render,
         capture=list(zip(capture_frames, arrival.tolist(), strict=True)),
-        echo_dbfs=_inbound_levels(echo, count),
-        caller_dbfs=_inbound_levels(caller, count),
+        echo_dbfs=_narrowband_levels(echo, count),
+        caller_dbfs=_narrowband_levels(caller, count),
     )
 
 

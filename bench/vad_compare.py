@@ -1,11 +1,12 @@
 """Cost and accuracy of the voice-activity detectors side by side: ``python bench/vad_compare.py``.
 
-Cost: µs per 20 ms canonical frame (median of several runs) over the 30 s
-speech fixture upsampled 8 -> 24 kHz with
-:class:`~media.resample.StreamResampler` as calls do (the caller talks, or
-there is noise, all the time), over its speech stretches each followed by
-twice as long a quiet line ("talk 1/3", what a cascade sees on a call where
-the caller talks a third of the time), and over a quiet line alone.
+Cost: µs per 20 ms narrowband frame (8 kHz, 160 samples; median of several
+runs) over the 30 s 8 kHz speech fixture cut into frames by
+:class:`~media.narrowband.NarrowbandTap` as calls hear it, straight off the
+wire with no resampler (the caller talks, or there is noise, all the time),
+over its speech stretches each followed by twice as long a quiet line ("talk
+1/3", what a cascade sees on a call where the caller talks a third of the
+time), and over a quiet line alone.
 
 Accuracy: the fixture has no labels, so a labelled evaluation set is built
 from it deterministically (fixed seeds, no randomness left):
@@ -21,9 +22,13 @@ from it deterministically (fixed seeds, no randomness left):
   broadband noise bursts (which are not speech).
 
 Two streams: *phone* (built at 8 kHz: the Twilio path) and *wideband* (built
-at 16 kHz with wideband noise: an L16 16 kHz leg). Each is upsampled to
-24 kHz in one shot (soxr HQ, time-aligned) and cut into canonical frames; a
-frame's label is the majority label of its samples.
+at 16 kHz with wideband noise: an L16 16 kHz leg). Each goes through a
+:class:`~media.narrowband.NarrowbandTap` at its own rate, as a call's audio
+does on its way to the detectors: the phone stream is only cut into 160-sample
+frames, the wideband one is low-passed to the telephone band and decimated to
+8 kHz first. A frame's label is the majority label of its samples, each
+output sample taking the label of the nearest input sample (the decimation
+filter's half-millisecond delay allowed for).
 
 Reported per detector: speech-frame recall, non-speech false-positive rate
 (overall and per kind of non-speech; for the backgrounds that speech is
@@ -55,8 +60,8 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE
-from media.resample import StreamResampler
+from media.formats import NARROWBAND_FRAME_SAMPLES, NARROWBAND_SAMPLE_RATE
+from media.narrowband import NarrowbandTap, decimation_fir
 from media.vad import (
     DETECTOR_NAMES,
     SPEECH_THRESHOLD,
@@ -119,14 +124,22 @@ def read_wav(path: Path) -> tuple[npt.NDArray[np.float64], int]:
 
 
 def fixture_frames() -> list[bytes]:
-    """The speech fixture as canonical frames, upsampled with StreamResampler as calls do."""
+    """The speech fixture as narrowband frames, as calls hear it (8 kHz: framing only)."""
     samples, rate = read_wav(SPEECH_FIXTURE)
-    resampler = StreamResampler(rate, CANONICAL_SAMPLE_RATE)
-    pcm = resampler.process(samples.astype("<i2").tobytes()) + resampler.flush()
-    return [
-        pcm[i : i + CANONICAL_FRAME_BYTES]
-        for i in range(0, len(pcm) - CANONICAL_FRAME_BYTES + 1, CANONICAL_FRAME_BYTES)
-    ]
+    return NarrowbandTap(rate).push(samples.astype("<i2").tobytes())
+
+
+def _tap_delay(rate: int) -> float:
+    """Input samples by which NarrowbandTap(``rate``)'s output lags its input.
+
+    0 at 8 kHz (framing only); at an integer multiple of 8 kHz, the linear-phase
+    decimation filter's group delay (half its length). Other rates (soxr's
+    streaming resampler in the tap) are not modelled: ValueError.
+    """
+    ratio, rest = divmod(rate, NARROWBAND_SAMPLE_RATE)
+    if rest or not ratio:
+        raise ValueError(f"no integer decimation from {rate} Hz to {NARROWBAND_SAMPLE_RATE} Hz")
+    return 0.0 if ratio == 1 else (len(decimation_fir(ratio)) - 1) / 2
 
 
 def espeak_utterances(rate: int) -> list[npt.NDArray[np.float64]]:
@@ -253,30 +266,30 @@ class _Builder:
         kind_index = np.concatenate(
             [np.full(len(p), k) for p, k in zip(self.parts, self.kind_of_part, strict=True)]
         )
-        up = np.asarray(
-            soxr.resample(audio, self.rate, CANONICAL_SAMPLE_RATE, quality="HQ"), dtype=np.float64
+        pcm = np.clip(np.rint(audio), -32768, 32767).astype("<i2").tobytes()
+        # The way a call's audio at this rate reaches the detectors (media.narrowband).
+        frames = NarrowbandTap(self.rate).push(pcm)
+        # Labels follow the audio through the tap by nearest sample: output
+        # sample j is centred on input sample j * ratio - delay.
+        ratio = self.rate / NARROWBAND_SAMPLE_RATE
+        n_frames = len(frames)
+        size = n_frames * NARROWBAND_FRAME_SAMPLES
+        src = np.clip(
+            np.rint(np.arange(size) * ratio - _tap_delay(self.rate)).astype(np.int64),
+            0,
+            len(audio) - 1,
         )
-        pcm = np.clip(np.rint(up), -32768, 32767).astype("<i2")
-        # Labels follow the audio through the resampler by nearest sample.
-        ratio = self.rate / CANONICAL_SAMPLE_RATE
-        src = np.minimum((np.arange(len(pcm)) * ratio).astype(np.int64), len(audio) - 1)
-        n_frames = len(pcm) // CANONICAL_FRAME_SAMPLES
-        size = n_frames * CANONICAL_FRAME_SAMPLES
-        frame_speech = speech[src[:size]].reshape(n_frames, -1).mean(axis=1) > 0.5
+        frame_speech = speech[src].reshape(n_frames, -1).mean(axis=1) > 0.5
         frame_kind = [
             self.kinds[int(np.bincount(row).argmax())]
-            for row in kind_index[src[:size]].reshape(n_frames, -1)
-        ]
-        frames = [
-            pcm[i * CANONICAL_FRAME_SAMPLES : (i + 1) * CANONICAL_FRAME_SAMPLES].tobytes()
-            for i in range(n_frames)
+            for row in kind_index[src].reshape(n_frames, -1)
         ]
         return EvalStream(frames, frame_speech, frame_kind)
 
 
 @dataclass(frozen=True)
 class EvalStream:
-    """Canonical frames with a speech label and a kind per frame."""
+    """Narrowband frames with a speech label and a kind per frame."""
 
     frames: list[bytes]
     speech: npt.NDArray[np.bool_]
@@ -447,14 +460,11 @@ IDLE_LINE_DBFS = -60.0
 
 
 def idle_line_frames() -> list[bytes]:
-    """IDLE_LINE_S of quiet white noise as canonical frames."""
+    """IDLE_LINE_S of quiet white noise at 8 kHz as narrowband frames."""
     rng = np.random.default_rng(SEED + 2)
-    n = round(IDLE_LINE_S * CANONICAL_SAMPLE_RATE)
+    n = round(IDLE_LINE_S * NARROWBAND_SAMPLE_RATE)
     pcm = np.rint(rng.standard_normal(n) * _dbfs_to_rms(IDLE_LINE_DBFS)).astype("<i2")
-    return [
-        pcm[i : i + CANONICAL_FRAME_SAMPLES].tobytes()
-        for i in range(0, n - CANONICAL_FRAME_SAMPLES + 1, CANONICAL_FRAME_SAMPLES)
-    ]
+    return NarrowbandTap(NARROWBAND_SAMPLE_RATE).push(pcm.tobytes())
 
 
 #: Listening time per second of talk in the conversation cost run: the caller

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 from gateway.env_values import ConfigError, env_bool, env_float, env_int, read_secret
 from gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES, MediaEngineConfig
 from gateway.reflex import (
-    CONFIRM_FLOOR_DBFS,
     CONFIRM_MS,
+    PAUSE_FLOOR_DBFS,
     PAUSE_MS,
     PAUSE_ON,
     PAUSE_PROBABILITY,
@@ -75,7 +75,7 @@ def _reflex_config(env: Mapping[str, str]) -> ReflexConfig:
         ),
         pause_ms=env_int(env, "RUTSTER_BARGE_IN_PAUSE_MS", PAUSE_MS, minimum=20),
         confirm_ms=env_int(env, "RUTSTER_BARGE_IN_CONFIRM_MS", CONFIRM_MS, minimum=20),
-        confirm_floor_dbfs=env_float(env, "RUTSTER_BARGE_IN_FLOOR_DBFS", CONFIRM_FLOOR_DBFS),
+        pause_floor_dbfs=env_float(env, "RUTSTER_BARGE_IN_FLOOR_DBFS", PAUSE_FLOOR_DBFS),
         resume_ms=env_int(env, "RUTSTER_BARGE_IN_RESUME_MS", RESUME_MS, minimum=20),
         pause_on=_pause_on(env),
         pause_probability=env_float(

@@ -31,11 +31,11 @@ import soxr
 
 from brains.tap import AudioOut, BrainEvent, BrainHello, SpeechStarted, SpeechStopped
 from gateway.media_engine import BrainAudio, EngineCommand, MediaEngine, MediaEngineConfig
-from gateway.reflex import ReflexConfig
+from gateway.reflex import ReflexConfig, SpeechDetector
 from media.echo_gate import EchoGate, EchoGateConfig, EchoVerdict
 from media.formats import TWILIO_MULAW_8K
 from media.g711 import ulaw_decode, ulaw_encode
-from media.vad import SPEECH_THRESHOLD, make_detector
+from media.vad import DEFAULT_DETECTOR, SPEECH_THRESHOLD, make_detector
 from trunk.events import (
     AudioReceived,
     ClearPlayback,
@@ -94,7 +94,7 @@ def on_the_line(pcm24: bytes) -> bytes:
 
 
 class _RecordingJudge:
-    """The echo gate, its verdicts kept (``verdicts[i]``: the i-th canonical caller frame's)."""
+    """The echo gate, its verdicts kept (``verdicts[i]``: the i-th narrowband caller frame's)."""
 
     def __init__(self, gate: EchoGate, verdicts: list[EchoVerdict], times: list[float]) -> None:
         self._gate = gate
@@ -176,8 +176,18 @@ class InterruptingCaller:
     interruptions: Sequence[Interruption]
     recovery: bytes | None = None
     recovery_ms: float = 1_500.0
+    #: End the run this long after the last interruption's utterance ends (None: run
+    #: for the rig's whole ``seconds``, which is then only the cap).
+    done_after_ms: float | None = None
     placed: list[tuple[str, float, bytes]] = field(default_factory=list)
     recoveries: list[float] = field(default_factory=list)
+
+    def done_by(self, now_ms: float) -> bool:
+        """Whether every interruption was spoken and ``done_after_ms`` has passed since."""
+        if self.done_after_ms is None or len(self.placed) < len(self.interruptions):
+            return False
+        _, at_s, pcm = self.placed[-1]
+        return now_ms >= (at_s + len(pcm) / 2 / RATE) * 1000 + self.done_after_ms
 
 
 @dataclass
@@ -189,6 +199,8 @@ class ReflexRig:
     echo_loss_db: float | None = 15.0  # None: no echo at all
     config: ReflexConfig = field(default_factory=ReflexConfig)
     detector: str | None = None
+    #: A detector object instead of a named one (tests that script the VAD).
+    vad: SpeechDetector | None = None
     noise_dbfs: float = -65.0
     #: Later echo paths (a caller switching to speakerphone, a new route).
     echo_changes: Sequence[EchoPath] = ()
@@ -205,14 +217,14 @@ class ReflexRig:
         self.played = np.zeros(n + LINE_RATE)  # what the provider played, caller's clock
         self.played_item: list[str | None] = [None] * (n + LINE_RATE)
         self.events: list[tuple[str, str, dict[str, object]]] = []
-        #: The call's echo gate, and its verdict on every canonical caller frame.
+        #: The call's echo gate, and its verdict on every narrowband caller frame.
         self.echo = EchoGate(EchoGateConfig(canceller=self.echo_canceller))
         self.verdicts: list[EchoVerdict] = []
         #: When each of those frames reached the engine (ms).
         self.verdict_times_ms: list[float] = []
         self.engine = MediaEngine(
             TWILIO_MULAW_8K,
-            detector=make_detector(self.detector) if self.detector else make_detector(),
+            detector=self.vad or make_detector(self.detector or DEFAULT_DETECTOR),
             echo=_RecordingJudge(self.echo, self.verdicts, self.verdict_times_ms),
             publish=lambda stage, kind, payload: self.events.append((stage, kind, dict(payload))),
             speech_threshold=SPEECH_THRESHOLD,
@@ -235,6 +247,9 @@ class ReflexRig:
         #: middle of an item (time and length, ms). A clear's own gap is not counted.
         self.holes_ms: list[tuple[float, float]] = []
         self._cleared = False
+        #: When the simulated call ended (s): ``seconds``, or earlier when the caller
+        #: was done (:meth:`InterruptingCaller.done_by`).
+        self.ended_s = self.seconds
         #: ns spent inside the engine (every call: caller frames, polls, brain audio).
         self.reflex_ns = 0
         self.engine_calls = 0
@@ -283,8 +298,12 @@ class ReflexRig:
         total = int(self.seconds * 1000 / FRAME_MS)
         for index in range(total):
             self._push((index + 1) * FRAME_MS, "caller", index)
+        caller = self.caller
         while self._queue:
             at_ms, _, kind, payload = self._queue[0]
+            if caller is not None and caller.done_by(at_ms):
+                self.ended_s = at_ms / 1000
+                break
             deadline = self.engine.next_deadline()
             if deadline is not None and deadline < at_ms:
                 self.now = max(self.now, deadline)
@@ -496,7 +515,7 @@ class ReflexRig:
         return len(self.clears_ms) + len(self.holes_ms)
 
     def reached_core_ms(self, after_ms: float, floor_dbfs: float) -> float | None:
-        """When the first canonical caller frame at or above ``floor_dbfs`` after
+        """When the first narrowband caller frame at or above ``floor_dbfs`` after
         ``after_ms`` reached the engine (None: none did)."""
         for at, verdict in zip(self.verdict_times_ms, self.verdicts, strict=True):
             if at >= after_ms and verdict.capture_dbfs >= floor_dbfs:

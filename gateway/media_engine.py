@@ -2,7 +2,11 @@
 
 One :class:`MediaEngine` per call holds the inbound and outbound transforms,
 the reflex loop (VAD, echo gate, turn-taking, barge-in, played ledger), the
-playout buffer, the pacer, and the mark and clear policy. It reads no clock
+playout buffer, the pacer, and the mark and clear policy. The reflex loop
+hears both directions as narrowband frames tapped on the wire side of the
+resamplers (:mod:`media.narrowband`): the caller as decoded from the wire, 30
+ms before the brain gets the same audio at 24 kHz, and the assistant as it
+goes onto the wire, the very audio whose echo can come back. It reads no clock
 and touches no socket, in the manner of h11's ``Connection``: the driver
 feeds it what happened, with the time, and carries out the commands it
 returns.
@@ -60,6 +64,7 @@ from gateway.reflex import (
     WakePacer,
 )
 from media.formats import FRAME_MS, MediaFormat
+from media.narrowband import NarrowbandTap
 from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS, Pacer
 from media.playout import DEFAULT_MAX_MS, PlayoutBuffer
 from media.transform import OUTBOUND_DRAIN_FRAMES, InboundTransform, OutboundTransform
@@ -156,6 +161,10 @@ class MediaEngine:
         self.config = config
         self.inbound = InboundTransform(media_format)
         self.outbound = OutboundTransform(media_format)
+        # What the reflex loop hears, each way: the wire's audio, on the wire side of
+        # the resamplers, so that it waits for neither (media.narrowband).
+        self.caller_band = NarrowbandTap(media_format.sample_rate)
+        self.render_band = NarrowbandTap(media_format.sample_rate)
         self.playout = PlayoutBuffer(max_ms=config.playout_max_ms)
         self.pacer = Pacer(
             self.playout, lead_ms=config.pacer_lead_ms, start_ms=config.pacer_start_ms
@@ -210,23 +219,23 @@ class MediaEngine:
 
     def _on_audio(self, payload: bytes, now_ms: float) -> list[EngineCommand]:
         try:
-            frames = self.inbound.process(payload)
+            pcm = self.inbound.decode(payload)
+            bands = self.caller_band.push(pcm)
         except ValueError:
             return [BadInput("bad_audio")]
-        out: list[EngineCommand] = []
+        frames = self.inbound.frames(pcm)
         self.frames_in += len(frames)
-        reflex = self.reflex
+        out: list[EngineCommand] = [BrainAudio(frame) for frame in frames]
         if self.brain_turns:
             # The brain listens while it speaks: every frame goes to it, and the
             # echo gate keeps learning from both directions.
             echo = self.echo
-            for frame in frames:
-                out.append(BrainAudio(frame))
-                echo.capture(frame, now_ms)
+            for band in bands:
+                echo.capture(band, now_ms)
             return out
-        for frame in frames:
-            out.append(BrainAudio(frame))
-            actions = reflex.on_caller_frame(frame, now_ms)
+        reflex = self.reflex
+        for band in bands:
+            actions = reflex.on_caller_frame(band, now_ms)
             if actions:
                 self._apply(actions, out)
         return out
@@ -288,6 +297,7 @@ class MediaEngine:
         for action in actions:
             if isinstance(action, ClearProvider):
                 self.outbound.reset()  # drop the resampler's held tail of the cut audio
+                self.render_band.reset()
                 self._clear_pending = True
                 self.wants_poll = True
             elif isinstance(action, WakePacer):
@@ -318,9 +328,10 @@ class MediaEngine:
             mark_every = self._mark_every
             for frame in frames:
                 reflex.on_frame_sent(frame, now_ms)
-                payload = outbound.process(frame.pcm)
-                if payload:
-                    out.append(PlayAudio(payload))
+                wire = outbound.resample(frame.pcm)
+                if wire:
+                    self._render(wire, now_ms)
+                    out.append(PlayAudio(outbound.encode(wire)))
                 self.frames_out += 1
                 if self.frames_out % mark_every == 0:
                     self.marks_sent += 1
@@ -334,13 +345,21 @@ class MediaEngine:
             # Playout is about to run dry: release the ~25 ms the resampler still holds,
             # and count what it adds to the provider's queue (pacer and ledger alike).
             self._tail_pending = False
-            tail = self.outbound.drain()
+            wire = self.outbound.drain_pcm()
+            self._render(wire, now_ms)
+            tail = self.outbound.encode(wire)
             tail_ms = self.outbound.wire_format.duration_ms(len(tail))
             # The drain's silent frames delay the item if it goes on: owed, shed later.
             pacer.extend(now_ms, tail_ms, inserted_ms=OUTBOUND_DRAIN_FRAMES * FRAME_MS)
             reflex.ledger.extended(now_ms, tail_ms)
             out.append(PlayAudio(tail))
         return out
+
+    def _render(self, wire: bytes, now_ms: float) -> None:
+        """Tell the echo judge what went onto the wire at ``now_ms`` (the echo it can cause)."""
+        echo = self.echo
+        for band in self.render_band.push(wire):
+            echo.render(band, now_ms)
 
     def next_deadline(self) -> float | None:
         """When :meth:`poll` must next run absent new input (``None``: not until some).

@@ -23,9 +23,10 @@ probability is at least its threshold *and* the echo judge says the frame
 holds near-end energy that the assistant's own delayed audio cannot explain.
 
 **Barge-in, two stages.** In ``speaking``, ``pause_ms`` of speech in a row
-*pauses* playout. The frames the provider had queued but not played come
-back into the buffer, the pacer halts and the provider gets ``clear``. Then
-either ``confirm_ms`` of speech above ``confirm_floor_dbfs``, counted from the
+*pauses* playout (frames of near-end sound at ``pause_floor_dbfs`` or louder;
+what more the VAD must say is :class:`PauseOn`). The frames the provider had
+queued but not played come back into the buffer, the pacer halts and the
+provider gets ``clear``. Then either ``confirm_ms`` of speech, counted from the
 pause, *confirms* it: the buffer is flushed and the brain gets
 ``speech_started{interrupted, item, played_ms}`` with what the caller actually
 heard of that item. Or ``resume_ms`` without speech *resumes* playout where
@@ -50,7 +51,6 @@ from media.endpointing import (
     MIN_SPEECH_MS,
     ONSET_WINDOW_MS,
     TRAILING_SILENCE_MS,
-    frame_level_dbfs,
 )
 from media.formats import FRAME_MS, ms_to_frames
 from media.pacer import Pacer
@@ -63,9 +63,10 @@ from media.playout import PlayoutBuffer, PlayoutFrame
 PAUSE_MS = 40
 #: Speech since the pause that confirms a barge-in: 350 ms (the issue's seed default).
 CONFIRM_MS = 350
-#: Level a frame must reach to count toward confirmation (RMS, dBFS): a voice on a
-#: phone line sits around -30 to -20 dBFS; -45 dBFS is far below it. Seed decision.
-CONFIRM_FLOOR_DBFS = -45.0
+#: Level a frame must reach to count toward a pause (RMS, dBFS): a voice on a phone
+#: line sits around -30 to -20 dBFS; -45 dBFS is far below it. Seed decision.
+#: (Confirmation counts the VAD's speech at any level: see ReflexLoop._while_paused.)
+PAUSE_FLOOR_DBFS = -45.0
 #: Non-speech in a row, while paused, after which playout resumes (a noise burst):
 #: 200 ms, the longest a speaker's pause between syllables usually lasts. Seed decision.
 RESUME_MS = 200
@@ -140,7 +141,7 @@ class ReflexConfig:
     trailing_silence_ms: float = TRAILING_SILENCE_MS
     pause_ms: float = PAUSE_MS
     confirm_ms: float = CONFIRM_MS
-    confirm_floor_dbfs: float = CONFIRM_FLOOR_DBFS
+    pause_floor_dbfs: float = PAUSE_FLOOR_DBFS
     resume_ms: float = RESUME_MS
     pause_on: PauseOn = PAUSE_ON
     pause_speech_ms: float = PAUSE_SPEECH_MS
@@ -156,7 +157,7 @@ class ReflexConfig:
 
 
 class SpeechDetector(Protocol):
-    """Per-call voice-activity detector: a speech probability per canonical frame."""
+    """Per-call voice-activity detector: a speech probability per narrowband frame."""
 
     def process(self, frame: bytes, near_end: bool = True) -> float:
         """Probability (0..1) that this 20 ms frame is speech (``near_end``: not echo)."""
@@ -179,7 +180,11 @@ class EchoVerdictLike(Protocol):
 
 
 class EchoJudge(Protocol):
-    """Tells the caller's voice from the assistant's own echo, given what was played."""
+    """Tells the caller's voice from the assistant's own echo, given what was played.
+
+    Both directions come as narrowband frames (media.narrowband): what went onto
+    the wire, and what came off it.
+    """
 
     def render(self, frame: bytes, sent_ms: float) -> None:
         """Record one frame sent to the caller."""
@@ -319,7 +324,7 @@ class ReflexLoop:
     # ---- caller audio -------------------------------------------------------
 
     def on_caller_frame(self, frame: bytes, now_ms: float) -> list[ReflexAction]:
-        """One 20 ms caller frame (canonical PCM) arrived at ``now_ms``."""
+        """One 20 ms caller frame (narrowband: 8 kHz s16le, media.narrowband) at ``now_ms``."""
         verdict = self._echo.capture(frame, now_ms)
         near_end = verdict.near_end
         probability = self._detector.process(verdict.vad_frame, near_end)
@@ -331,7 +336,7 @@ class ReflexLoop:
         self._speech_run = self._speech_run + 1 if speech else 0
         # The pause is cheap and undone in RESUME_MS, so it does not wait for the VAD:
         # energy the assistant's echo cannot explain, loud enough to be a voice.
-        loud = near_end and verdict.capture_dbfs >= self.config.confirm_floor_dbfs
+        loud = near_end and verdict.capture_dbfs >= self.config.pause_floor_dbfs
         self._near_run = self._near_run + 1 if loud else 0
         clear_voice = loud and probability >= REJECTED_PAUSE_PROBABILITY
         self._clear_voice_run = self._clear_voice_run + 1 if clear_voice else 0
@@ -476,10 +481,14 @@ class ReflexLoop:
     ) -> None:
         pause = self._pause
         assert pause is not None
-        if speech and frame_level_dbfs(frame) >= self.config.confirm_floor_dbfs:
+        # Every frame is speech (the VAD's, near end) or not: a level floor here made
+        # quiet speech count as neither, and a VAD calling such frames speech held the
+        # assistant paused, unconfirmed, for the rest of a call (tune split); counted as
+        # silence instead, it resumed the assistant over quiet callers still talking.
+        if speech:
             pause.speech_frames += 1
             pause.silence_run = 0
-        elif not speech:
+        else:
             pause.silence_run += 1
         if pause.speech_frames >= self._confirm_frames:
             self._confirm(pause, now_ms, actions)
@@ -567,7 +576,6 @@ class ReflexLoop:
     def on_frame_sent(self, frame: PlayoutFrame, now_ms: float) -> SentFrame:
         """The pacer sent ``frame`` to the caller at ``now_ms``; returns its ledger entry."""
         entry = self.ledger.sent(frame, now_ms)
-        self._echo.render(frame.pcm, now_ms)
         if self.state in (
             ReflexState.LISTENING,
             ReflexState.THINKING,

@@ -100,8 +100,10 @@ which :attr:`EchoVerdict.cancelled` carries. It hears double talk far better
 at low ERL, at ~15x the cost (``bench/echo_gate.py``).
 
 Time comes in as milliseconds from any monotonic origin shared by both
-directions; nothing here does I/O or reads a clock. Frames are canonical
-(480 samples of s16le mono at 24 kHz).
+directions; nothing here does I/O or reads a clock. Frames are narrowband
+(160 samples of s16le mono at 8 kHz, :mod:`media.narrowband`): the caller's
+audio as it came off the wire and the assistant's as it went onto it, before
+and after the resamplers, which would otherwise add 55 ms to every judgement.
 
 Measured (``bench/echo_gate.py``: speech and mock voice through the real
 μ-law path, 80-400 ms round trip, 6-30 dB ERL, +-2 dB level wobble; Python
@@ -139,19 +141,13 @@ import numpy.typing as npt
 
 from media.endpointing import DIGITAL_SILENCE_DBFS, frame_level_dbfs
 from media.formats import (
-    CANONICAL_FRAME_BYTES,
-    CANONICAL_FRAME_SAMPLES,
-    CANONICAL_SAMPLE_RATE,
     FRAME_MS,
+    NARROWBAND_FRAME_BYTES,
+    NARROWBAND_FRAME_SAMPLES,
+    NARROWBAND_SAMPLE_RATE,
     ms_to_frames,
 )
-from media.line_echo import (
-    WAVE_FRAME,
-    LineEchoCanceller,
-    RenderBand,
-    normalised_xcorr,
-    phone_band,
-)
+from media.line_echo import WAVE_FRAME, LineEchoCanceller, normalised_xcorr
 
 __all__ = [
     "CANCELLER",
@@ -195,13 +191,16 @@ __all__ = [
     "EchoVerdict",
 ]
 
-#: Longest echo delay searched (brief): 100-400 ms network round trip, plus the
-#: ~60 ms the pacer sends ahead, plus ~55 ms of our own resampling (30 ms in,
-#: 25 ms out, media.resample) is 515 ms at worst; 600 ms leaves room.
+#: Longest echo delay searched (brief): 100-400 ms network round trip plus the
+#: ~60 ms the pacer sends ahead is 460 ms; 600 ms leaves room for a provider's
+#: or a SIP leg's own jitter buffer. (Both directions are judged on the wire
+#: side of our resamplers, media.narrowband, so they add nothing.)
 MAX_DELAY_MS = 600.0
-#: Shortest echo delay searched: our resamplers alone delay echo by ~55 ms
-#: (media.resample), so nothing under 40 ms can be echo; not searching those
-#: lags also lets a render frame sent "now" land in its own slot.
+#: Shortest echo delay searched: a frame sent now plays once the provider has
+#: played what it holds before it (the pacer keeps 40-60 ms there,
+#: media.pacer), and its echo comes back over the network after that, so
+#: nothing under 40 ms is echo; not searching those lags also lets a render
+#: frame sent "now" land in its own slot.
 MIN_DELAY_MS = 40.0
 #: Half-width of the window the echo is taken from around the delay
 #: (measured, bench/echo_gate.py): one frame either side covers a delay
@@ -340,7 +339,7 @@ RESIDUAL_COPY = 0.5
 #: paths and correlate with neither.
 COPY_CHECK_FRAMES = 2
 #: Quietest frame the coherence test may clear (the reflex loop's barge-in
-#: floor, gateway.reflex CONFIRM_FLOOR_DBFS): under it, line noise and the
+#: floor, gateway.reflex PAUSE_FLOOR_DBFS): under it, line noise and the
 #: mu-law steps blur even a pure echo's waveform (measured on
 #: tests/test_media_echo_gate.py's lines: echo alone at -50..-45 dBFS fell to
 #: 0.18, at -45 dBFS and louder never under 0.6).
@@ -376,13 +375,13 @@ _ITEM = np.dtype(np.float64).itemsize
 #: Module and class of the optional echo canceller (the pywebrtc-audio wheel).
 _CANCELLER_MODULE = "pywebrtc_audio"
 _CANCELLER_CLASS = "AudioProcessor"
-_SILENT_SAMPLES: npt.NDArray[np.int16] = np.zeros(CANONICAL_FRAME_SAMPLES, dtype=np.int16)
+_SILENT_SAMPLES: npt.NDArray[np.int16] = np.zeros(NARROWBAND_FRAME_SAMPLES, dtype=np.int16)
 
 
 class EchoGateInputError(ValueError):
     """A frame or time the gate cannot take; ``reason`` is a short stable label.
 
-    Reasons: ``bad_frame_length`` (not exactly one canonical frame),
+    Reasons: ``bad_frame_length`` (not exactly one narrowband frame),
     ``bad_time`` (not a finite number of ms).
     """
 
@@ -408,7 +407,7 @@ class _Canceller(Protocol):
 
 
 def _new_canceller() -> _Canceller:
-    """WebRTC AEC3 at the canonical rate (imported here: an optional dependency)."""
+    """WebRTC AEC3 at the narrowband rate (imported here: an optional dependency)."""
     try:
         module = importlib.import_module(_CANCELLER_MODULE)
     except ImportError as exc:
@@ -418,7 +417,7 @@ def _new_canceller() -> _Canceller:
     factory = getattr(module, _CANCELLER_CLASS)
     return cast(
         _Canceller,
-        factory(sample_rate=CANONICAL_SAMPLE_RATE, echo_cancellation=True, high_pass_filter=True),
+        factory(sample_rate=NARROWBAND_SAMPLE_RATE, echo_cancellation=True, high_pass_filter=True),
     )
 
 
@@ -542,21 +541,25 @@ class EchoVerdict:
 
 
 #: What the VAD hears of a frame judged the assistant's echo alone.
-_SILENT_FRAME = bytes(CANONICAL_FRAME_BYTES)
+_SILENT_FRAME = bytes(NARROWBAND_FRAME_BYTES)
 
 
-def _canonical(band: npt.NDArray[np.float64]) -> bytes:
-    """8 kHz samples as a canonical frame (each sample three times: the VAD decimates)."""
-    out = np.clip(np.rint(np.repeat(band, 3)), -32768, 32767).astype("<i2")
-    return out.tobytes()
+def _pcm16(band: npt.NDArray[np.float64]) -> bytes:
+    """8 kHz samples as a narrowband frame (rounded, saturated s16le)."""
+    return np.clip(np.rint(band), -32768, 32767).astype("<i2").tobytes()
+
+
+def _samples(frame: bytes) -> npt.NDArray[np.float64]:
+    """A narrowband frame's samples (PCM16 units)."""
+    return np.frombuffer(frame, dtype="<i2").astype(np.float64)
 
 
 def _check_frame(frame: bytes) -> None:
-    if len(frame) != CANONICAL_FRAME_BYTES:
+    if len(frame) != NARROWBAND_FRAME_BYTES:
         raise EchoGateInputError(
             "bad_frame_length",
-            f"echo gate frame of {len(frame)} bytes; need exactly {CANONICAL_FRAME_BYTES} "
-            f"({CANONICAL_FRAME_SAMPLES} samples, {FRAME_MS} ms of PCM16 s16le mono)",
+            f"echo gate frame of {len(frame)} bytes; need exactly {NARROWBAND_FRAME_BYTES} "
+            f"({NARROWBAND_FRAME_SAMPLES} samples, {FRAME_MS} ms of 8 kHz PCM16 s16le mono)",
         )
 
 
@@ -648,7 +651,6 @@ class EchoGate:
         "_proof",
         "_proof_rise",
         "_proof_start",
-        "_render_band",
         "_render_env",
         "_render_head",
         "_render_pcm",
@@ -705,7 +707,6 @@ class EchoGate:
             (self._render_size, WAVE_FRAME), np.float32
         )
         self._capture_wave: npt.NDArray[np.float32] = np.zeros(2 * WAVE_FRAME, np.float32)
-        self._render_band = RenderBand()
         # The same after the line canceller (the capture itself where it has no say).
         self._residual_wave: npt.NDArray[np.float32] = np.zeros(2 * WAVE_FRAME, np.float32)
         self._canceller = _new_canceller() if config.canceller else None
@@ -750,10 +751,10 @@ class EchoGate:
     # ---- operations ----------------------------------------------------------
 
     def render(self, frame: bytes, sent_ms: float) -> None:
-        """Record a canonical frame the core sent to the caller at ``sent_ms``.
+        """Record a narrowband frame the core put on the wire to the caller at ``sent_ms``.
 
         Raises :class:`EchoGateInputError` and changes nothing unless
-        ``frame`` is exactly one canonical frame and ``sent_ms`` is finite.
+        ``frame`` is exactly one narrowband frame and ``sent_ms`` is finite.
         """
         _check_frame(frame)
         slot = _slot(sent_ms)
@@ -764,9 +765,7 @@ class EchoGate:
             elif slot > head + 1:
                 self._render_env.silence(head + 1, slot - 1)
         self._render_env.put(slot, max(frame_level_dbfs(frame), _ENVELOPE_FLOOR_DBFS))
-        if head is not None and slot > head + 1:
-            self._render_band.reset()
-        band = self._render_band(frame)
+        band = _samples(frame)
         self._render_wave[slot % self._render_size] = band
         if self._lec is not None:
             self._lec.render(band, sent_ms)
@@ -786,17 +785,16 @@ class EchoGate:
         if head is None or frames <= 0:
             return
         self._render_env.silence(head - frames + 1, head)
-        self._render_band.reset()
         for slot in range(head - frames + 1, head + 1):
             self._render_pcm.pop(slot, None)
         if self._lec is not None:
             self._lec.unplayed(frames)
 
     def capture(self, frame: bytes, now_ms: float) -> EchoVerdict:
-        """Judge a canonical caller frame that arrived at ``now_ms``.
+        """Judge a narrowband caller frame that arrived at ``now_ms``.
 
         Raises :class:`EchoGateInputError` and changes nothing unless
-        ``frame`` is exactly one canonical frame and ``now_ms`` is finite.
+        ``frame`` is exactly one narrowband frame and ``now_ms`` is finite.
         """
         _check_frame(frame)
         slot = _slot(now_ms)
@@ -814,7 +812,7 @@ class EchoGate:
         level = frame_level_dbfs(frame)
         self._capture_env.put(slot, max(level, _ENVELOPE_FLOOR_DBFS))
         self._capture_count += 1
-        band = phone_band(frame)
+        band = _samples(frame)
         wave = self._capture_wave
         wave[:WAVE_FRAME] = wave[WAVE_FRAME:]
         wave[WAVE_FRAME:] = band
@@ -943,7 +941,6 @@ class EchoGate:
     def reset(self) -> None:
         """Forget everything rendered and heard, delay and ERL included (as newly built)."""
         self._init_state()
-        self._render_band.reset()
         if self._canceller is not None:
             self._canceller.reset()
         if self._lec is not None:
@@ -972,7 +969,7 @@ class EchoGate:
             return _SILENT_FRAME  # the assistant's echo alone: nothing of the caller
         lec = self._lec
         if cancelled_line is not None and lec is not None and lec.trusted:
-            return _canonical(cancelled_line[2])
+            return _pcm16(cancelled_line[2])
         return frame
 
     def _cancel(self, canceller: _Canceller, frame: bytes, slot: int) -> bytes:

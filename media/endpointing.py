@@ -3,8 +3,8 @@
 The gateway owns turn-taking (ARCHITECTURE.md, doctrine 1): it tells the
 brain ``speech_started`` when the caller starts talking and
 ``speech_stopped`` when the caller has finished, and the brain then answers.
-:class:`EnergyEndpointer` makes those two decisions from the canonical
-frames (20 ms, 480 samples of PCM16 at 24 kHz) with nothing but frame
+:class:`EnergyEndpointer` makes those two decisions from the narrowband
+frames (20 ms, 160 samples of PCM16 at 8 kHz, media.narrowband) with nothing but frame
 energy:
 
 1. Each frame's level is its RMS in dBFS (0 dBFS is a full-scale square
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES, FRAME_MS, ms_to_frames
+from media.formats import FRAME_MS, NARROWBAND_FRAME_BYTES, NARROWBAND_FRAME_SAMPLES, ms_to_frames
 
 __all__ = [
     "ABS_FLOOR_DBFS",
@@ -101,7 +101,7 @@ _PCM16_LE = np.dtype("<i2")
 
 
 class FrameLengthError(ValueError):
-    """A frame that is not one canonical frame long.
+    """A frame that is not one narrowband frame long.
 
     ``reason`` is a short, stable label for metrics and logs.
     """
@@ -110,8 +110,8 @@ class FrameLengthError(ValueError):
 
     def __init__(self, length: int) -> None:
         super().__init__(
-            f"endpointer frame of {length} bytes; need exactly {CANONICAL_FRAME_BYTES} "
-            f"({CANONICAL_FRAME_SAMPLES} samples, {FRAME_MS} ms of PCM16 s16le mono)"
+            f"frame of {length} bytes; need exactly {NARROWBAND_FRAME_BYTES} "
+            f"({NARROWBAND_FRAME_SAMPLES} samples, {FRAME_MS} ms of 8 kHz PCM16 s16le mono)"
         )
         self.length = length
 
@@ -196,7 +196,7 @@ EndpointerEvent = SpeechStarted | TurnEnded
 class EnergyEndpointer:
     """Turn starts and ends of one call's inbound audio, from frame energy.
 
-    Feed every canonical frame, in order, to :meth:`process`; it returns the
+    Feed every narrowband frame, in order, to :meth:`process`; it returns the
     events that frame caused (at most one). Deterministic: the same frames
     give the same events.
     """
@@ -282,12 +282,12 @@ class EnergyEndpointer:
     # ---- operations ----------------------------------------------------------
 
     def process(self, frame: bytes, now_ms: float) -> list[EndpointerEvent]:
-        """Take the next canonical frame, whose audio ends at ``now_ms``; return its events.
+        """Take the next narrowband frame, whose audio ends at ``now_ms``; return its events.
 
         Raises :class:`FrameLengthError` (a ``ValueError``) unless ``frame`` is
-        exactly one canonical frame; the state is then unchanged.
+        exactly one narrowband frame; the state is then unchanged.
         """
-        if len(frame) != CANONICAL_FRAME_BYTES:
+        if len(frame) != NARROWBAND_FRAME_BYTES:
             raise FrameLengthError(len(frame))
         level = self._level = frame_level_dbfs(frame)
         index = self._frame_index

@@ -2,7 +2,9 @@
 
 The canonical format is fixed by the architecture doctrine (ARCHITECTURE.md,
 "Canonical audio") and by the tap protocol v1: PCM signed 16-bit little-endian,
-mono, 24 kHz, 20 ms frames of 480 samples.
+mono, 24 kHz, 20 ms frames of 480 samples. The *narrowband* frame (8 kHz, 160
+samples) is what the reflex loop hears of each direction, taken on the wire side
+of the resamplers so that it waits for neither (media.narrowband).
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ SAMPLE_WIDTH = 2
 CANONICAL_FRAME_SAMPLES = CANONICAL_SAMPLE_RATE * FRAME_MS // 1000
 #: Bytes in one canonical frame.
 CANONICAL_FRAME_BYTES = CANONICAL_FRAME_SAMPLES * SAMPLE_WIDTH
+#: What the reflex loop (VAD, echo gate) hears of a call: the telephone band
+#: (ITU-T G.712, 300-3400 Hz) at 8 kHz, the rate of G.711 and of the narrowest
+#: line, taken from the wire before any resampling (media.narrowband).
+NARROWBAND_SAMPLE_RATE = 8_000
+#: Samples in one 20 ms narrowband frame.
+NARROWBAND_FRAME_SAMPLES = NARROWBAND_SAMPLE_RATE * FRAME_MS // 1000
+#: Bytes in one narrowband frame (PCM16 s16le mono).
+NARROWBAND_FRAME_BYTES = NARROWBAND_FRAME_SAMPLES * SAMPLE_WIDTH
 
 
 class Encoding(StrEnum):

@@ -29,9 +29,8 @@ reflex rig's 10 dB echo line cancelled 34 dB; ``tests/test_media_line_echo.py``
 holds this filter to at least 25 dB on a short dispersive path and 20 dB after
 a fit made over double talk. The echo gate and this filter together cost
 about 65 µs per frame pair (``bench/echo_gate.py``). Sans-I/O: time comes in
-as milliseconds; nothing here reads a clock. Frames are canonical (480
-samples at 24 kHz); the filter runs on every third sample of their
-three-sample mean (the phone band).
+as milliseconds; nothing here reads a clock. Frames are the echo gate's
+narrowband samples (160 at 8 kHz, :mod:`media.narrowband`), as float arrays.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from media.formats import CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE
+from media.formats import NARROWBAND_FRAME_SAMPLES, NARROWBAND_SAMPLE_RATE
 
 __all__ = [
     "ALIGN_MIN_CORRELATION",
@@ -50,22 +49,18 @@ __all__ = [
     "FORGET",
     "MIN_ERLE_DB",
     "PRE_EMPHASIS",
-    "RENDER_BAND_CUTOFF_HZ",
-    "RENDER_BAND_TAPS",
     "SOLVE_EVERY",
     "TAPS",
     "WAVE_FRAME",
     "LineEchoCanceller",
     "LineEchoConfig",
-    "RenderBand",
     "normalised_xcorr",
-    "phone_band",
 ]
 
-#: Samples per frame at the filter's rate (8 kHz: every third canonical sample).
-WAVE_FRAME = CANONICAL_FRAME_SAMPLES // 3
+#: Samples per frame at the filter's rate (a narrowband frame, media.narrowband).
+WAVE_FRAME = NARROWBAND_FRAME_SAMPLES
 #: Filter's sample rate.
-WAVE_RATE = 8_000
+WAVE_RATE = NARROWBAND_SAMPLE_RATE
 #: Filter length (8 kHz samples): 8 ms, the dispersion of a 2-to-4-wire hybrid's
 #: echo path (ITU-T G.168 designs for 64 ms tails, but the energy of a line
 #: echo is in its first few ms; measured, 64 taps cancelled 34 dB on the rig).
@@ -103,76 +98,6 @@ _RIDGE = 1e-3
 #: Render power (mean square, PCM16 units) under which a frame teaches nothing.
 _MIN_RENDER_POWER = 32768.0**2 * 10 ** (-60 / 10)
 _FULL_SCALE_DB = 20 * math.log10(32768.0)
-#: Weights of the three-sample mean phone_band takes.
-_THIRDS = np.full(3, 1.0 / 3.0)
-
-
-def phone_band(frame: bytes) -> npt.NDArray[np.float64]:
-    """A canonical frame at 8 kHz: the mean of each three samples (a light low-pass).
-
-    As one matrix product: ``ndarray.mean`` costs ~7 µs a frame in overhead,
-    and this runs on every frame each way.
-    """
-    x = np.frombuffer(frame, dtype="<i2").astype(np.float64).reshape(-1, 3)
-    band: npt.NDArray[np.float64] = x @ _THIRDS
-    return band
-
-
-#: Upper edge of the telephone band (ITU-T G.712: 300-3400 Hz): what a narrowband
-#: line carries of the assistant's voice back as echo.
-RENDER_BAND_CUTOFF_HZ = 3_400.0
-#: Taps of the render's anti-alias filter at 24 kHz (1.3 ms, Hamming-windowed sinc):
-#: -16 dB at 4 kHz and below -50 dB from 5 kHz. Measured on the rig against the
-#: three-sample mean: the line canceller's ERLE on echo alone rose from 30.7 to
-#: 33.6 dB (mock voice, 10 dB return loss) and from 24 to 34 dB (espeak, 6 dB).
-RENDER_BAND_TAPS = 31
-
-
-def _render_band_fir() -> npt.NDArray[np.float64]:
-    n = np.arange(RENDER_BAND_TAPS) - (RENDER_BAND_TAPS - 1) / 2
-    cutoff = RENDER_BAND_CUTOFF_HZ / CANONICAL_SAMPLE_RATE
-    h: npt.NDArray[np.float64] = 2 * cutoff * np.sinc(2 * cutoff * n) * np.hamming(n.size)
-    normalised: npt.NDArray[np.float64] = h / h.sum()
-    return normalised
-
-
-_RENDER_BAND_FIR = _render_band_fir()
-
-
-class RenderBand:
-    """The assistant's frames at 8 kHz, low-passed to the telephone band first.
-
-    :func:`phone_band`'s three-sample mean is no anti-alias filter (-3.5 dB at
-    4 kHz, and 8-12 kHz folds back almost whole). The caller's audio reaches
-    the core band-limited by the line's codec, so the mean loses nothing there;
-    the assistant's is full-band 24 kHz speech, whose 4-12 kHz content the mean
-    would fold into the band as a reference no echo on the line contains, which
-    no linear filter can cancel. Stateful (the filter spans frame edges): one
-    per stream of consecutive frames, :meth:`reset` across a gap.
-    """
-
-    __slots__ = ("_history",)
-
-    def __init__(self) -> None:
-        self._history = np.zeros(RENDER_BAND_TAPS - 1 + CANONICAL_FRAME_SAMPLES)
-
-    def reset(self) -> None:
-        """Forget the frames before: the next one follows silence."""
-        self._history.fill(0.0)
-
-    def __call__(self, frame: bytes) -> npt.NDArray[np.float64]:
-        """One canonical frame (s16le, 24 kHz) as :data:`WAVE_FRAME` samples at 8 kHz."""
-        history = self._history
-        keep = RENDER_BAND_TAPS - 1
-        history[:keep] = history[CANONICAL_FRAME_SAMPLES:]
-        history[keep:] = np.frombuffer(frame, dtype="<i2")
-        step = history.strides[0]
-        # Only every third output is wanted: one row of taps per 8 kHz sample.
-        rows = np.lib.stride_tricks.as_strided(
-            history, (WAVE_FRAME, RENDER_BAND_TAPS), (3 * step, step), writeable=False
-        )
-        band: npt.NDArray[np.float64] = rows @ _RENDER_BAND_FIR
-        return band
 
 
 def _level_db(power: float) -> float:
@@ -244,7 +169,7 @@ class LineEchoCanceller:
     # ---- timelines -----------------------------------------------------------
 
     def render(self, band: npt.NDArray[np.float64], sent_ms: float) -> None:
-        """Lay a frame the core sent at ``sent_ms`` (:func:`phone_band` of it) on the timeline."""
+        """Lay a frame the core sent at ``sent_ms`` (its narrowband samples) on the timeline."""
         start = round(sent_ms * WAVE_RATE / 1000)
         end = self._render_end
         if end is not None:
@@ -346,7 +271,7 @@ class LineEchoCanceller:
     def capture(
         self, x: npt.NDArray[np.float64], now_ms: float
     ) -> tuple[float, float, npt.NDArray[np.float64]] | None:
-        """Take a caller frame (:func:`phone_band` of it).
+        """Take a caller frame (its narrowband samples).
 
         Returns the residual's level and the echo estimate's level (dBFS) and
         the residual itself; None while no delay is known or no render

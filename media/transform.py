@@ -54,7 +54,14 @@ class InboundTransform:
         An L16 payload of odd byte length raises
         :class:`~media.g711.PcmLengthError` (a ``ValueError``) and changes no state.
         """
-        pcm = decode(payload, self._encoding)
+        return self.frames(self.decode(payload))
+
+    def decode(self, payload: bytes) -> bytes:
+        """The wire payload as PCM16 s16le at the wire rate (no state; raises as ``process``)."""
+        return decode(payload, self._encoding)
+
+    def frames(self, pcm: bytes) -> list[bytes]:
+        """Resample decoded wire PCM (:meth:`decode`); return the canonical frames it completes."""
         return self._framer.push(self._resampler.process(pcm))
 
 
@@ -95,10 +102,14 @@ class OutboundTransform:
         For the end of a response, when nothing else will push it out: the
         stream stays continuous (no reset), so the next response starts clean.
         """
+        return self.encode(self.drain_pcm())
+
+    def drain_pcm(self) -> bytes:
+        """:meth:`drain`, as PCM16 s16le at the wire rate (before the wire encoding)."""
         if self._resampler.passthrough:
             return b""
-        out = b"".join(self._resampler.process(_SILENT_FRAME) for _ in range(OUTBOUND_DRAIN_FRAMES))
-        return encode(out, self._encoding)
+        process = self._resampler.process
+        return b"".join(process(_SILENT_FRAME) for _ in range(OUTBOUND_DRAIN_FRAMES))
 
     @property
     def wire_format(self) -> MediaFormat:
@@ -111,7 +122,15 @@ class OutboundTransform:
         The result may be empty or longer than the input's duration: the
         resampler releases its output in blocks (see :mod:`media.resample`).
         """
-        return encode(self._resampler.process(pcm), self._encoding)
+        return self.encode(self.resample(pcm))
+
+    def resample(self, pcm: bytes) -> bytes:
+        """:meth:`process` up to the wire rate: PCM16 s16le, not yet encoded."""
+        return self._resampler.process(pcm)
+
+    def encode(self, pcm: bytes) -> bytes:
+        """Wire-rate PCM16 (:meth:`resample`) in the wire encoding."""
+        return encode(pcm, self._encoding)
 
     def flush(self) -> bytes:
         """End of the stream: the resampler's held-back tail, encoded; then ready for more."""

@@ -1,8 +1,9 @@
-"""Voice-activity detectors: a speech probability for every canonical caller frame.
+"""Voice-activity detectors: a speech probability for every narrowband caller frame.
 
 The reflex loop (turn-taking, barge-in; ARCHITECTURE.md, doctrine 1) asks,
-for each 20 ms canonical frame (480 samples of PCM16 s16le mono at 24 kHz),
-how likely it is that the caller is speaking. A :class:`SpeechDetector`
+for each 20 ms narrowband frame (160 samples of PCM16 s16le mono at 8 kHz,
+the caller's audio as it came off the wire: :mod:`media.narrowband`), how
+likely it is that the caller is speaking. A :class:`SpeechDetector`
 answers with a probability in 0..1; a frame is speech at or above
 :data:`SPEECH_THRESHOLD`. Detectors are stateful, one per call, and
 deterministic; :func:`make_detector` builds one by name.
@@ -90,7 +91,7 @@ from media.endpointing import (
     EnergyEndpointer,
     FrameLengthError,
 )
-from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_SAMPLE_RATE, FRAME_MS
+from media.formats import FRAME_MS, NARROWBAND_FRAME_BYTES, NARROWBAND_SAMPLE_RATE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -135,7 +136,7 @@ class SpeechDetector(Protocol):
     """Speech probability of one call's inbound audio, frame by frame.
 
     One instance per call (it keeps state across frames); feed every
-    canonical frame (20 ms, 480 samples of PCM16 s16le mono at 24 kHz) in
+    narrowband frame (20 ms, 160 samples of PCM16 s16le mono at 8 kHz) in
     order. Deterministic: the same frames give the same probabilities.
     """
 
@@ -147,7 +148,7 @@ class SpeechDetector(Protocol):
         frames (the cascade) do; the others ignore it.
 
         Raises :class:`~media.endpointing.FrameLengthError` unless ``frame``
-        is exactly one canonical frame; the state is then unchanged.
+        is exactly one narrowband frame; the state is then unchanged.
         """
         ...
 
@@ -210,16 +211,10 @@ class EnergyDetector:
 #: measured, 3 has the fewest false positives (41 % vs 52-59 % for 0-2) for
 #: 92 % recall (98-100 % for 0-2); none is usable alone.
 WEBRTC_MODE = 3
-#: Rate fed to webrtcvad. It resamples every input to 8 kHz internally and its
-#: features are sub-band energies up to 4 kHz, so 8 kHz loses nothing.
-WEBRTC_SAMPLE_RATE = 8_000
-#: 24 kHz -> 8 kHz by keeping every third sample, without a low-pass filter:
-#: exact for phone audio (upsampled from 8 kHz by soxr, nothing above 4 kHz)
-#: and, measured on the 16 kHz wideband set, no worse than filtering (recall
-#: 97 % / 25 % false positives, vs 92 % / 29 % through soxr HQ, which adds
-#: 20-40 ms of latency, and 95 % / 20 % feeding 48 kHz by sample repetition,
-#: 15 µs instead of 2 µs per frame).
-_DECIMATION = CANONICAL_SAMPLE_RATE // WEBRTC_SAMPLE_RATE
+#: Rate fed to webrtcvad: the narrowband frame's. It resamples every input to 8
+#: kHz internally and its features are sub-band energies up to 4 kHz, so 8 kHz
+#: loses nothing.
+WEBRTC_SAMPLE_RATE = NARROWBAND_SAMPLE_RATE
 
 
 class WebRtcDetector:
@@ -235,10 +230,9 @@ class WebRtcDetector:
 
     def process(self, frame: bytes, near_end: bool = True) -> float:
         """1.0 if webrtcvad calls the frame speech, else 0.0."""
-        if len(frame) != CANONICAL_FRAME_BYTES:
+        if len(frame) != NARROWBAND_FRAME_BYTES:
             raise FrameLengthError(len(frame))
-        pcm = np.frombuffer(frame, dtype=_PCM16_LE)[::_DECIMATION].tobytes()
-        return 1.0 if self._vad.is_speech(pcm, WEBRTC_SAMPLE_RATE) else 0.0
+        return 1.0 if self._vad.is_speech(frame, WEBRTC_SAMPLE_RATE) else 0.0
 
     def reset(self) -> None:
         """Forget the adapted noise model (webrtcvad has no reset; a new one costs µs)."""
@@ -267,18 +261,34 @@ SILERO_MODEL_SHA256 = "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5d
 #: ms, 95th percentile 80 ms after onset, against 40 / 100 ms at 16 kHz behind
 #: soxr's 24 -> 16 kHz resampler) at two thirds of the cost (42 against 65 µs
 #: per frame), with the same rejection of the noise bursts; bench/vad_compare.py
-#: prints both streams.
-SILERO_SAMPLE_RATE = 8_000
-#: 24 kHz -> 8 kHz by keeping every third sample (as WebRtcDetector does): the
-#: phone path carries nothing above 4 kHz, and the model's own front end
-#: works on the 8 kHz band.
-_SILERO_DECIMATION = CANONICAL_SAMPLE_RATE // SILERO_SAMPLE_RATE
+#: prints both streams. The narrowband frame's rate: fed as it is.
+SILERO_SAMPLE_RATE = NARROWBAND_SAMPLE_RATE
 #: Samples per model window (Silero v5/v6 at 8 kHz: 32 ms) and of context
 #: carried over from the previous window (silero-vad ``OnnxWrapper``).
 _SILERO_WINDOW = 256
 _SILERO_CONTEXT = 32
 #: Silero's recurrent state: (2, batch, 128).
 _SILERO_STATE_SHAPE = (2, 1, 128)
+#: Model windows after which Silero's recurrent state is reset, at the next
+#: stretch of :data:`SILERO_RESET_QUIET_WINDOWS` confident non-speech windows.
+#: Carried for a whole call, the LSTM state drifts: on the tune split's -45 dBFS
+#: noise line, 36 s into a call, the same -35 dBFS utterance that scored 0.97-0.99
+#: at the call's start scored 0.2-0.73, too little to start a turn, and the caller
+#: was locked out for the rest of the call (bench/reflex.py --split tune, espeak).
+#: Pipecat resets its Silero state every 5 s of wall time
+#: (pipecat/audio/vad/silero.py, ``_MODEL_RESET_STATES_TIME``). A reset also drops
+#: what the state learned of a call's recurring noise: chosen on the tune split,
+#: every 5 / 10 / 20 s of windows heard (32 ms each) left no caller locked out, for
+#: 3.2 / 2.9 / 2.5 noise-only pauses a minute (never: 3 interruptions never
+#: reached, 1 missed). 20 s.
+SILERO_RESET_EVERY_WINDOWS = 20_000 // 32
+#: Non-speech windows in a row that must precede a reset, so that it never falls
+#: inside an utterance: 10 windows, 320 ms, longer than the dips between words
+#: (seed decision).
+SILERO_RESET_QUIET_WINDOWS = 10
+#: Probability under which a window counts as non-speech for that purpose: well
+#: under :data:`SPEECH_THRESHOLD` (seed decision).
+SILERO_RESET_QUIET_PROBABILITY = 0.1
 _PCM16_SCALE = np.float32(1.0 / 32768.0)
 
 
@@ -330,7 +340,16 @@ class SileroDetector:
     context and the resampler are per instance.
     """
 
-    __slots__ = ("_fill", "_input", "_probability", "_rate", "_session", "_state")
+    __slots__ = (
+        "_fill",
+        "_input",
+        "_probability",
+        "_quiet_windows",
+        "_rate",
+        "_session",
+        "_state",
+        "_windows",
+    )
 
     def __init__(self) -> None:
         self._session = _silero_session()
@@ -342,12 +361,14 @@ class SileroDetector:
         self._state: npt.NDArray[np.float32] = np.zeros(_SILERO_STATE_SHAPE, dtype=np.float32)
         self._fill = _SILERO_CONTEXT
         self._probability = 0.0
+        self._windows = 0
+        self._quiet_windows = 0
 
     def process(self, frame: bytes, near_end: bool = True) -> float:
         """Probability of the latest complete 32 ms window, this frame's audio included."""
-        if len(frame) != CANONICAL_FRAME_BYTES:
+        if len(frame) != NARROWBAND_FRAME_BYTES:
             raise FrameLengthError(len(frame))
-        resampled = np.frombuffer(frame, dtype=_PCM16_LE)[::_SILERO_DECIMATION].astype(np.float32)
+        resampled = np.frombuffer(frame, dtype=_PCM16_LE).astype(np.float32)
         resampled *= _PCM16_SCALE
         buffer = self._input[0]
         size = len(buffer)
@@ -365,8 +386,20 @@ class SileroDetector:
         output, state = self._session.run(
             None, {"input": self._input, "state": self._state, "sr": self._rate}
         )
+        probability = self._probability = float(output[0, 0])
+        self._windows += 1
+        self._quiet_windows = (
+            self._quiet_windows + 1 if probability < SILERO_RESET_QUIET_PROBABILITY else 0
+        )
+        if (
+            self._windows >= SILERO_RESET_EVERY_WINDOWS
+            and self._quiet_windows >= SILERO_RESET_QUIET_WINDOWS
+        ):
+            # Long-run drift (SILERO_RESET_EVERY_WINDOWS): start the state afresh in
+            # a quiet stretch; the context (the audio just heard) is kept.
+            state = np.zeros(_SILERO_STATE_SHAPE, dtype=np.float32)
+            self._windows = 0
         self._state = state
-        self._probability = float(output[0, 0])
         buffer = self._input[0]
         buffer[:_SILERO_CONTEXT] = buffer[-_SILERO_CONTEXT:]
         self._fill = _SILERO_CONTEXT
@@ -377,6 +410,8 @@ class SileroDetector:
         self._state = np.zeros(_SILERO_STATE_SHAPE, dtype=np.float32)
         self._fill = _SILERO_CONTEXT
         self._probability = 0.0
+        self._windows = 0
+        self._quiet_windows = 0
 
 
 # ---- cascade ------------------------------------------------------------------

@@ -405,7 +405,7 @@ def test_reflex_knobs_from_the_environment() -> None:
     assert GatewayConfig.from_env({}).reflex.pause_on is PauseOn.SPEECH
     assert not config.reflex.barge_in
     assert config.reflex.confirm_ms == 500
-    assert config.reflex.confirm_floor_dbfs == -40.5
+    assert config.reflex.pause_floor_dbfs == -40.5
     assert config.reflex.trailing_silence_ms == 700
     assert config.reflex.dtmf_barge_in
     assert config.vad == "webrtc"

@@ -28,11 +28,14 @@ from media.endpointing import DIGITAL_SILENCE_DBFS, frame_level_dbfs
 from media.formats import (
     CANONICAL_FRAME_BYTES,
     FRAME_MS,
+    NARROWBAND_FRAME_BYTES,
+    NARROWBAND_FRAME_SAMPLES,
     TWILIO_MULAW_8K,
     Encoding,
     MediaFormat,
 )
 from media.g711 import ulaw_decode, ulaw_encode
+from media.narrowband import NarrowbandTap
 from media.transform import InboundTransform, OutboundTransform
 from trunk.twilio.simulator import read_wav_8k
 
@@ -75,13 +78,20 @@ def _span(speech: bytes, start_s: float, stop_s: float) -> npt.NDArray[np.float6
 
 
 def _to_canonical(signal_8k: npt.NDArray[np.float64]) -> list[bytes]:
-    """An 8 kHz signal as canonical frames, through the inbound resampler."""
+    """An 8 kHz signal as canonical frames, through the inbound resampler (the brain's audio)."""
     inbound = InboundTransform(_L16_8K)
     pcm = _pcm(signal_8k)
     frames: list[bytes] = []
     for start in range(0, len(pcm), 2 * CHUNK):
         frames += inbound.process(pcm[start : start + 2 * CHUNK])
     return frames
+
+
+def _to_narrowband(signal_8k: npt.NDArray[np.float64]) -> list[bytes]:
+    """An 8 kHz signal as narrowband frames (what the gate judges: media.narrowband)."""
+    pcm = _pcm(signal_8k)
+    usable = len(pcm) - len(pcm) % NARROWBAND_FRAME_BYTES
+    return [pcm[i : i + NARROWBAND_FRAME_BYTES] for i in range(0, usable, NARROWBAND_FRAME_BYTES)]
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +133,22 @@ def simulate(
     seed: int = 0,
     caller_start_ms: int = CALLER_START_MS,
 ) -> Line:
-    """Send ``render_frames`` down a μ-law line that echoes them back, with a caller on it."""
+    """Send canonical ``render_frames`` down a μ-law line that echoes them back, with a caller.
+
+    The gate is given what the engine gives it: the narrowband frames of what went onto
+    the wire (after the outbound resampler), each at the time its canonical frame was
+    sent, and of what came off it (before the inbound resampler).
+    """
     rng = np.random.default_rng(seed)
     outbound = OutboundTransform(TWILIO_MULAW_8K)
-    played = _samples(ulaw_decode(b"".join(outbound.process(f) for f in render_frames)))
+    tap = NarrowbandTap(WIRE_RATE)
+    wire_chunks = [outbound.resample(f) for f in render_frames]
+    render = [
+        (band, float(k * FRAME_MS))
+        for k, chunk in enumerate(wire_chunks)
+        for band in tap.push(chunk)
+    ]
+    played = _samples(ulaw_decode(outbound.encode(b"".join(wire_chunks))))
     shift = (rtt_ms + SEND_AHEAD_MS) * PER_MS
     length = len(played) + shift + 400 * PER_MS
     coupled = np.convolve(played, ECHO_PATH)[: len(played)]
@@ -139,10 +161,10 @@ def simulate(
         talker[start : start + len(caller_8k)] = caller_8k[: length - start]
     noise = rng.standard_normal(length) * _FULL_SCALE * 10 ** (NOISE_DBFS / 20)
     wire = ulaw_encode(_pcm(echo + talker + noise))
-    inbound = InboundTransform(TWILIO_MULAW_8K)
+    caller_tap = NarrowbandTap(WIRE_RATE)
     heard: list[bytes] = []
     for start in range(0, len(wire), CHUNK):
-        heard += inbound.process(wire[start : start + CHUNK])
+        heard += caller_tap.push(ulaw_decode(wire[start : start + CHUNK]))
     arrival = np.arange(1, len(heard) + 1) * float(FRAME_MS)
     if stall_ms:
         # Every ~2 s the socket holds the frames for stall_ms, then bursts them.
@@ -150,12 +172,12 @@ def simulate(
             arrival[(arrival > stall) & (arrival < stall + stall_ms)] = stall + stall_ms
 
     def levels(signal: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        frames = _to_canonical(signal)[: len(heard)]
-        padded = frames + [bytes(CANONICAL_FRAME_BYTES)] * (len(heard) - len(frames))
+        frames = _to_narrowband(signal)[: len(heard)]
+        padded = frames + [bytes(NARROWBAND_FRAME_BYTES)] * (len(heard) - len(frames))
         return np.array([frame_level_dbfs(f) for f in padded])
 
     return Line(
-        render=[(f, float(k * FRAME_MS)) for k, f in enumerate(render_frames)],
+        render=render,
         capture=list(zip(heard, arrival.tolist(), strict=True)),
         echo_dbfs=levels(echo),
         caller_dbfs=levels(talker),
@@ -221,10 +243,11 @@ def test_echo_alone_is_not_near_end(assistant: list[bytes], rtt_ms: int, erl_db:
     assert converging == 0
     assert share <= 0.005
     assert longest <= 2
-    # The delay found is the round trip plus send-ahead plus ~55 ms of resampling.
+    # The delay found is the round trip plus the send-ahead (the gate judges both
+    # directions on the wire side of the resamplers: they add nothing).
     delay = verdicts[-1].delay_ms
     assert delay is not None
-    assert rtt_ms + SEND_AHEAD_MS <= delay <= rtt_ms + SEND_AHEAD_MS + 100
+    assert rtt_ms + SEND_AHEAD_MS - 20 <= delay <= rtt_ms + SEND_AHEAD_MS + 40
     # The ERL learned is conservative (a low percentile), but not by much.
     assert erl_db - 8.0 <= verdicts[-1].erl_db <= erl_db + 1.0
 
@@ -318,7 +341,7 @@ def test_double_talk_over_loud_echo_still_barges_in(
 
 
 def test_no_render_passes_everything_above_the_floor(caller: npt.NDArray[np.float64]) -> None:
-    frames = _to_canonical(np.concatenate([np.zeros(WIRE_RATE // 2), caller]))
+    frames = _to_narrowband(np.concatenate([np.zeros(WIRE_RATE // 2), caller]))
     gate = EchoGate()
     verdicts = [gate.capture(f, (k + 1) * FRAME_MS) for k, f in enumerate(frames)]
     levels = np.array([v.capture_dbfs for v in verdicts])
@@ -335,7 +358,7 @@ def test_render_silent_over_the_search_range(
     line = simulate(assistant[:100], rtt_ms=200, erl_db=6.0)
     gate = EchoGate()
     run(gate, line)
-    loud = _to_canonical(caller)[:50]
+    loud = _to_narrowband(caller)[:50]
     now = line.capture[-1][1]
     verdicts = [gate.capture(f, now + (k + 1) * FRAME_MS) for k, f in enumerate(loud)]
     for v in verdicts:
@@ -345,8 +368,8 @@ def test_render_silent_over_the_search_range(
 
 def test_silence() -> None:
     gate = EchoGate()
-    silent = bytes(CANONICAL_FRAME_BYTES)
-    loud = _pcm(10_000 * np.sin(np.arange(480) * 0.3))
+    silent = bytes(NARROWBAND_FRAME_BYTES)
+    loud = _pcm(10_000 * np.sin(np.arange(NARROWBAND_FRAME_SAMPLES) * 0.9))
     for k in range(100):
         gate.render(loud, k * FRAME_MS)
         verdict = gate.capture(silent, (k + 1) * FRAME_MS)
@@ -357,7 +380,9 @@ def test_silence() -> None:
 # ---- input errors, reset, config -----------------------------------------------
 
 
-@pytest.mark.parametrize("length", [0, 1, CANONICAL_FRAME_BYTES - 2, CANONICAL_FRAME_BYTES + 2])
+@pytest.mark.parametrize(
+    "length", [0, 1, NARROWBAND_FRAME_BYTES - 2, NARROWBAND_FRAME_BYTES + 2, CANONICAL_FRAME_BYTES]
+)
 def test_bad_frame_length(length: int) -> None:
     gate = EchoGate()
     with pytest.raises(EchoGateInputError) as err:
@@ -372,7 +397,7 @@ def test_bad_frame_length(length: int) -> None:
 @pytest.mark.parametrize("when", [math.nan, math.inf, -math.inf])
 def test_bad_time(when: float) -> None:
     gate = EchoGate()
-    frame = bytes(CANONICAL_FRAME_BYTES)
+    frame = bytes(NARROWBAND_FRAME_BYTES)
     with pytest.raises(EchoGateInputError) as err:
         gate.render(frame, when)
     assert err.value.reason == "bad_time"
@@ -390,7 +415,7 @@ def test_bad_input_changes_nothing(assistant: list[bytes]) -> None:
         with pytest.raises(EchoGateInputError):
             call(b"\x00", 1e6)
         with pytest.raises(EchoGateInputError):
-            call(bytes(CANONICAL_FRAME_BYTES), math.nan)
+            call(bytes(NARROWBAND_FRAME_BYTES), math.nan)
     tail = simulate(assistant[200:300], rtt_ms=200, erl_db=10.0, seed=1)
     offset = line.capture[-1][1]
     shifted = Line(
@@ -470,7 +495,7 @@ def test_canceller_gates_echo_and_hears_double_talk(
     echo = simulate(assistant, rtt_ms=200, erl_db=6.0)
     verdicts = run(EchoGate(config), echo)
     assert all(
-        v.cancelled is not None and len(v.cancelled) == CANONICAL_FRAME_BYTES for v in verdicts
+        v.cancelled is not None and len(v.cancelled) == NARROWBAND_FRAME_BYTES for v in verdicts
     )
     converging, share, longest = false_near_end(echo, near_end(verdicts))
     assert (converging, longest) <= (0, 2)
@@ -545,14 +570,16 @@ def test_turn_taking_on_a_clean_line_is_not_taken_for_an_echo_path(speech: bytes
 def test_double_talk_never_lowers_the_erl_or_locks_out_the_caller(speech: bytes) -> None:
     """A minute of both talking at once: the ERL does not fall, the caller stays heard.
 
-    On a clean line and at 20 dB ERL the ERL in use never falls. At 10 dB
-    the caller (6 dB under the assistant) is 4 dB above the echo, and a few
-    stretches of both pass the echo-alone test: a known limit of energy
-    envelopes, pinned (measured 1.75 dB; the fall only hides more). At 6 dB
-    the two are as loud and it falls to 0 dB (not tested).
+    On a clean line the ERL in use never falls. At 20 dB it may fall a
+    fraction of a dB (measured 0.26 dB since the gate judges the wire's
+    narrowband audio, 0 before) and at 10 dB, where the caller (6 dB under the
+    assistant) is 4 dB above the echo, a few stretches of both pass the
+    echo-alone test: a known limit of energy envelopes, pinned (measured 1.75
+    dB; a fall only hides more). At 6 dB the two are as loud and it falls to 0
+    dB (not tested).
     """
     long_caller = np.concatenate([_span(speech, 9.0, 14.0), _span(speech, 19.0, 24.0)] * 6)
-    for erl_db, allowed_fall_db in ((200.0, 0.0), (20.0, 0.0), (10.0, 2.5)):
+    for erl_db, allowed_fall_db in ((200.0, 0.0), (20.0, 0.5), (10.0, 2.5)):
         line = simulate(
             _frames(b"".join(_to_canonical(np.tile(_span(speech, 3.0, 9.0), 11)))),
             rtt_ms=200,
@@ -588,7 +615,7 @@ def test_double_talk_never_lowers_the_erl_or_locks_out_the_caller(speech: bytes)
 def test_echo_alone_gives_no_near_end_run(
     assistant: list[bytes], rtt_ms: int, erl_db: float
 ) -> None:
-    """Echo 180-500 ms late (round trip + send-ahead + resampling): never two frames in a row."""
+    """Echo 140-460 ms late (round trip + send-ahead): never two frames in a row."""
     line = simulate(assistant, rtt_ms=rtt_ms, erl_db=erl_db, seed=rtt_ms)
     flags = near_end(run(EchoGate(), line)) & (line.echo_dbfs >= NEAR_END_FLOOR_DBFS)
     assert longest_run(flags) <= 1  # measured 0 everywhere here
@@ -635,12 +662,12 @@ def test_frames_dropped_unplayed_prove_nothing(assistant: list[bytes]) -> None:
     gate = EchoGate()
     run(gate, line)
     learned = gate.erl_db
-    loud = max(assistant, key=frame_level_dbfs)
+    loud = max((frame for frame, _ in line.render), key=frame_level_dbfs)
     t = float(len(line.capture) * FRAME_MS)
     for k in range(5):  # sent ahead, then cleared before they played
         gate.render(loud, t + k * FRAME_MS)
     gate.unplayed(5)
-    quiet = bytes(CANONICAL_FRAME_BYTES)
+    quiet = bytes(NARROWBAND_FRAME_BYTES)
     for k in range(1, 60):
         gate.capture(quiet, t + k * FRAME_MS)
     assert gate.erl_db <= learned + 1e-9
@@ -732,7 +759,7 @@ def test_the_vad_hears_no_echo(assistant: list[bytes], caller: npt.NDArray[np.fl
         for v, echo, talker in zip(verdicts, talk.echo_dbfs, talk.caller_dbfs, strict=True)
         if not v.near_end and echo >= NEAR_END_FLOOR_DBFS and talker < SPEECH_DBFS - 30
     ]
-    assert echo_alone and all(v.vad_frame == bytes(CANONICAL_FRAME_BYTES) for v in echo_alone)
+    assert echo_alone and all(v.vad_frame == bytes(NARROWBAND_FRAME_BYTES) for v in echo_alone)
     assert gate._lec is not None and gate._lec.trusted
     # Double talk judged near end, the canceller trusted: its residual, the echo taken out.
     double = [
@@ -753,6 +780,6 @@ def test_the_vad_hears_the_frame_where_nothing_was_played(
 ) -> None:
     """No render: nothing to take out, the VAD hears the frame itself."""
     gate = EchoGate()
-    frames = _to_canonical(caller)[:50]
+    frames = _to_narrowband(caller)[:50]
     verdicts = [gate.capture(f, (k + 1) * FRAME_MS) for k, f in enumerate(frames)]
     assert all(v.vad_frame == f for v, f in zip(verdicts, frames, strict=True))

@@ -27,9 +27,12 @@ from media.endpointing import (
     TurnEnded,
     frame_level_dbfs,
 )
-from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE
 from media.formats import FRAME_MS as FRAME_MS_INT
-from media.resample import StreamResampler
+from media.formats import (
+    NARROWBAND_FRAME_BYTES,
+    NARROWBAND_FRAME_SAMPLES,
+    NARROWBAND_SAMPLE_RATE,
+)
 from trunk.twilio.simulator import read_wav_8k
 
 FIXTURE = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
@@ -47,7 +50,7 @@ Signal = npt.NDArray[np.float64]
 
 
 def _samples(ms: float) -> int:
-    return round(ms * CANONICAL_SAMPLE_RATE / 1000)
+    return round(ms * NARROWBAND_SAMPLE_RATE / 1000)
 
 
 def _scale(x: Signal, dbfs: float) -> Signal:
@@ -59,7 +62,7 @@ def _scale(x: Signal, dbfs: float) -> Signal:
 
 def voiced(ms: float, dbfs: float = VOICE_DBFS) -> Signal:
     """A steady vowel-like sound: 120 Hz with ten harmonics falling off as 1/k."""
-    t = np.arange(_samples(ms)) / CANONICAL_SAMPLE_RATE
+    t = np.arange(_samples(ms)) / NARROWBAND_SAMPLE_RATE
     k = np.arange(1, 11)[:, np.newaxis]
     x: Signal = (np.sin(2 * np.pi * 120.0 * k * t + k) / k).sum(axis=0)
     return _scale(x, dbfs)
@@ -72,7 +75,7 @@ def noise(ms: float, dbfs: float = BACKGROUND_DBFS, seed: int = 0) -> Signal:
 
 def hum(ms: float, dbfs: float, offset_ms: float = 0.0) -> Signal:
     """Mains hum: 60 Hz plus its third harmonic, steady."""
-    t = (np.arange(_samples(ms)) + _samples(offset_ms)) / CANONICAL_SAMPLE_RATE
+    t = (np.arange(_samples(ms)) + _samples(offset_ms)) / NARROWBAND_SAMPLE_RATE
     x = np.sin(2 * np.pi * 60.0 * t) + 0.5 * np.sin(2 * np.pi * 180.0 * t)
     return _scale(x, dbfs)
 
@@ -100,12 +103,12 @@ class Run:
     levels: list[float] = field(default_factory=list)
 
     def feed(self, audio: bytes) -> Run:
-        assert len(audio) % CANONICAL_FRAME_BYTES == 0
-        for start in range(0, len(audio), CANONICAL_FRAME_BYTES):
+        assert len(audio) % NARROWBAND_FRAME_BYTES == 0
+        for start in range(0, len(audio), NARROWBAND_FRAME_BYTES):
             index = self.frames
             self.frames += 1
             out = self.endpointer.process(
-                audio[start : start + CANONICAL_FRAME_BYTES], (index + 1) * FRAME_MS
+                audio[start : start + NARROWBAND_FRAME_BYTES], (index + 1) * FRAME_MS
             )
             self.events.extend((index, event) for event in out)
             self.speech_frames.append(self.endpointer.frame_is_speech)
@@ -136,16 +139,15 @@ def assert_alternates(events: Sequence[tuple[int, EndpointerEvent]]) -> None:
 # ---- the real speech fixture ---------------------------------------------------
 
 
-def _fixture_24k() -> bytes:
-    resampler = StreamResampler(8_000, CANONICAL_SAMPLE_RATE)
-    audio = resampler.process(read_wav_8k(FIXTURE)) + resampler.flush()
-    return audio[: len(audio) - len(audio) % CANONICAL_FRAME_BYTES]
+def _fixture_8k() -> bytes:
+    audio = read_wav_8k(FIXTURE)
+    return audio[: len(audio) - len(audio) % NARROWBAND_FRAME_BYTES]
 
 
 @pytest.fixture(scope="module")
 def fixture_run() -> Run:
     """The 30 s recording, then 1 s of digital silence so the last turn ends."""
-    return Run().feed(_fixture_24k() + pcm(silence(1000)))
+    return Run().feed(_fixture_8k() + pcm(silence(1000)))
 
 
 def _turns(r: Run) -> list[tuple[float, float]]:
@@ -163,7 +165,7 @@ def test_fixture_level_contour_is_what_the_expectations_assume(fixture_run: Run)
     # pauses between -40 and -57 dBFS, and exactly one pause of 500 ms or more
     # (23.5-24.1 s). The other expectations below rest on this.
     levels = np.array(fixture_run.levels[:1500])
-    assert levels[:2].max() < -90  # resampler ripple on zeros
+    assert levels[:2].max() < -90  # digital silence
     assert -33 < np.median(levels[5:110]) < -26  # the opening noise
     assert levels.max() > -16
     assert -60 < levels[410:430].min() < -50  # the pause at 8.2-8.6 s
@@ -217,7 +219,7 @@ def test_fixture_turn_ends_trailing_silence_after_the_last_speech(fixture_run: R
 
 
 def test_fixture_is_deterministic(fixture_run: Run) -> None:
-    again = Run().feed(_fixture_24k() + pcm(silence(1000)))
+    again = Run().feed(_fixture_8k() + pcm(silence(1000)))
     assert again.events == fixture_run.events
 
 
@@ -313,8 +315,8 @@ def test_in_speech_is_true_between_the_events() -> None:
     endpointer = EnergyEndpointer()
     audio = pcm(noise(500), voiced(1000), noise(700, seed=1))
     states = []
-    for i in range(0, len(audio), CANONICAL_FRAME_BYTES):
-        endpointer.process(audio[i : i + CANONICAL_FRAME_BYTES], 0.0)
+    for i in range(0, len(audio), NARROWBAND_FRAME_BYTES):
+        endpointer.process(audio[i : i + NARROWBAND_FRAME_BYTES], 0.0)
         states.append(endpointer.in_speech)
     assert states == [False] * 34 + [True] * 65 + [False] * 11
 
@@ -375,7 +377,7 @@ def test_config_durations_round_up_to_whole_frames() -> None:
 
 
 @pytest.mark.parametrize(
-    "length", [0, 1, CANONICAL_FRAME_BYTES - 1, CANONICAL_FRAME_BYTES + 2, 1920]
+    "length", [0, 1, NARROWBAND_FRAME_BYTES - 1, NARROWBAND_FRAME_BYTES + 2, 1920]
 )
 def test_wrong_frame_length_is_a_value_error_and_changes_nothing(length: int) -> None:
     r = run(noise(500), voiced(100))
@@ -385,7 +387,7 @@ def test_wrong_frame_length_is_a_value_error_and_changes_nothing(length: int) ->
     assert isinstance(info.value, ValueError)
     assert info.value.reason == "bad_frame_length"
     assert info.value.length == length
-    assert str(CANONICAL_FRAME_BYTES) in str(info.value)
+    assert str(NARROWBAND_FRAME_BYTES) in str(info.value)
     assert before == (
         r.endpointer.level_dbfs,
         r.endpointer.noise_floor_dbfs,
@@ -426,11 +428,11 @@ def test_reset_forgets_the_turn_and_the_floor() -> None:
 
 
 def test_frame_level_dbfs() -> None:
-    assert frame_level_dbfs(bytes(CANONICAL_FRAME_BYTES)) == DIGITAL_SILENCE_DBFS
+    assert frame_level_dbfs(bytes(NARROWBAND_FRAME_BYTES)) == DIGITAL_SILENCE_DBFS
     assert frame_level_dbfs(b"") == DIGITAL_SILENCE_DBFS
-    square = pcm(np.tile([32767.0, -32768.0], CANONICAL_FRAME_SAMPLES // 2))
+    square = pcm(np.tile([32767.0, -32768.0], NARROWBAND_FRAME_SAMPLES // 2))
     assert frame_level_dbfs(square) == pytest.approx(0.0, abs=1e-3)
-    t = np.arange(CANONICAL_FRAME_SAMPLES) / CANONICAL_SAMPLE_RATE
+    t = np.arange(NARROWBAND_FRAME_SAMPLES) / NARROWBAND_SAMPLE_RATE
     sine = pcm(32767.0 * np.sin(2 * np.pi * 1000.0 * t))
     assert frame_level_dbfs(sine) == pytest.approx(-3.01, abs=0.01)
     assert frame_level_dbfs(pcm(_scale(np.sin(2 * np.pi * 1000.0 * t), -35.0))) == pytest.approx(

@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from media.line_echo import WAVE_FRAME, WAVE_RATE, LineEchoCanceller, RenderBand, phone_band
+from media.line_echo import WAVE_FRAME, WAVE_RATE, LineEchoCanceller
 
 FIXTURE = Path(__file__).parent / "fixtures/audio/caller_speech_8k.wav"
 #: Echo path of the tests (8 kHz taps): short and dispersive, as a hybrid's.
@@ -24,11 +24,11 @@ def _speech(start_s: float, seconds: float) -> npt.NDArray[np.float64]:
     return x[int(start_s * WAVE_RATE) : int((start_s + seconds) * WAVE_RATE)]
 
 
-def _canonical(x8: npt.NDArray[np.float64]) -> list[bytes]:
-    """8 kHz samples as canonical frames (each sample three times: phone_band gives it back)."""
-    x = np.repeat(np.clip(np.rint(x8), -32768, 32767), 3).astype("<i2")
-    n = len(x) // (3 * WAVE_FRAME)
-    return [x[i * 3 * WAVE_FRAME : (i + 1) * 3 * WAVE_FRAME].tobytes() for i in range(n)]
+def _frames(x8: npt.NDArray[np.float64]) -> list[npt.NDArray[np.float64]]:
+    """8 kHz samples as narrowband frames (PCM16 values, as the echo gate passes them)."""
+    x = np.clip(np.rint(x8), -32768, 32767)
+    n = len(x) // WAVE_FRAME
+    return [x[i * WAVE_FRAME : (i + 1) * WAVE_FRAME] for i in range(n)]
 
 
 def _echo(render8: npt.NDArray[np.float64], gain: float) -> npt.NDArray[np.float64]:
@@ -42,20 +42,13 @@ def _run(
 ) -> list[tuple[float, float] | None]:
     """Render frame k sent at 20k ms, capture frame k heard at 20(k+1) ms; align every 10 frames."""
     out: list[tuple[float, float] | None] = []
-    for k, (r, c) in enumerate(zip(_canonical(render8), _canonical(capture8), strict=True)):
-        lec.render(phone_band(r), 20.0 * k)
-        result = lec.capture(phone_band(c), 20.0 * (k + 1))
+    for k, (r, c) in enumerate(zip(_frames(render8), _frames(capture8), strict=True)):
+        lec.render(r, 20.0 * k)
+        result = lec.capture(c, 20.0 * (k + 1))
         out.append(None if result is None else (result[0], result[1]))
         if k % 10 == 9 and not lec.trusted:
             lec.align(330.0, 290.0)  # the whole 40-620 ms lag range
     return out
-
-
-def test_phone_band_is_the_mean_of_each_three_samples() -> None:
-    frame = np.arange(480, dtype="<i2").tobytes()
-    band = phone_band(frame)
-    assert len(band) == WAVE_FRAME
-    assert band[0] == 1.0 and band[-1] == 478.0
 
 
 def test_aligns_to_the_sample_and_cancels_a_dispersive_echo() -> None:
@@ -92,9 +85,9 @@ def test_double_talk_does_not_spoil_the_fit() -> None:
 
 def test_unplayed_render_is_silence() -> None:
     lec = LineEchoCanceller()
-    frame = _canonical(_speech(3.0, 0.1))[0]
+    frame = _frames(_speech(3.0, 0.1))[0]
     for k in range(3):
-        lec.render(phone_band(frame), 20.0 * k)
+        lec.render(frame, 20.0 * k)
     lec.unplayed(2)
     assert not lec._render_at(WAVE_FRAME, 2 * WAVE_FRAME).any()
     assert lec._render_at(0, WAVE_FRAME).any()
@@ -104,38 +97,6 @@ def test_unplayed_render_is_silence() -> None:
 def test_unplayed_of_nothing_changes_nothing(frames: int) -> None:
     lec = LineEchoCanceller()
     lec.unplayed(frames)
-    lec.render(phone_band(bytes(960)), 0.0)
+    lec.render(np.zeros(WAVE_FRAME), 0.0)
     lec.unplayed(frames)
     assert lec._render_end == WAVE_FRAME
-
-
-def _tone_frames(hz: float, frames: int) -> list[bytes]:
-    t = np.arange(frames * WAVE_FRAME * 3) / 24_000
-    x = np.rint(8000 * np.sin(2 * np.pi * hz * t)).astype("<i2")
-    return [x[i : i + WAVE_FRAME * 3].tobytes() for i in range(0, x.size, WAVE_FRAME * 3)]
-
-
-def _band_level_db(hz: float, band: RenderBand | None = None) -> float:
-    frames = _tone_frames(hz, 20)
-    out = np.concatenate([phone_band(f) if band is None else band(f) for f in frames])
-    return float(20 * np.log10(np.sqrt(np.mean(out[WAVE_FRAME:] ** 2)) / (8000 / np.sqrt(2))))
-
-
-@pytest.mark.parametrize("hz", [6_000.0, 9_000.0, 11_000.0])
-def test_render_band_keeps_what_the_line_cannot_carry_out(hz: float) -> None:
-    """Tones above the telephone band do not fold into it (the three-sample mean lets them)."""
-    assert _band_level_db(hz, RenderBand()) <= -40.0
-    # phone_band's three-sample mean passes them at -9.5 (6 kHz) to -17 dB (9 kHz), folded.
-    assert _band_level_db(hz) >= -20.0
-
-
-def test_render_band_passes_the_telephone_band_across_frame_edges() -> None:
-    """A 1 kHz tone passes whole and continuous: the filter spans frame edges."""
-    band = RenderBand()
-    out = np.concatenate([band(f) for f in _tone_frames(1_000.0, 10)])[WAVE_FRAME:]
-    level = 20 * np.log10(np.sqrt(np.mean(out**2)) / (8000 / np.sqrt(2)))
-    assert abs(level) <= 0.5
-    # No seams: the tone sampled at 8 kHz moves by at most 2 sin(pi/8) of its peak a sample.
-    assert float(np.max(np.abs(np.diff(out)))) <= 8000 * 2 * np.sin(np.pi / 8) * 1.05
-    band.reset()
-    assert np.allclose(band(bytes(WAVE_FRAME * 6)), 0.0)

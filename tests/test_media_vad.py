@@ -13,8 +13,12 @@ import soxr
 
 from media import vad
 from media.endpointing import EnergyEndpointer, FrameLengthError
-from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE
-from media.resample import StreamResampler
+from media.formats import (
+    CANONICAL_FRAME_BYTES,
+    NARROWBAND_FRAME_BYTES,
+    NARROWBAND_FRAME_SAMPLES,
+    NARROWBAND_SAMPLE_RATE,
+)
 from media.vad import (
     CASCADE_GATE_CONFIG,
     DEFAULT_DETECTOR,
@@ -38,13 +42,14 @@ ESPEAK_WAV = AUDIO / "espeak_speech_16k.wav"
 FLUENT = slice(150, 400)
 #: Frames in one second.
 SECOND = 50
-SILENCE = bytes(CANONICAL_FRAME_BYTES)
+SILENCE = bytes(NARROWBAND_FRAME_BYTES)
 
 
 def _frames(pcm: bytes) -> list[bytes]:
+    """8 kHz PCM as the narrowband frames the detectors take (media.narrowband)."""
     return [
-        pcm[i : i + CANONICAL_FRAME_BYTES]
-        for i in range(0, len(pcm) - CANONICAL_FRAME_BYTES + 1, CANONICAL_FRAME_BYTES)
+        pcm[i : i + NARROWBAND_FRAME_BYTES]
+        for i in range(0, len(pcm) - NARROWBAND_FRAME_BYTES + 1, NARROWBAND_FRAME_BYTES)
     ]
 
 
@@ -54,16 +59,15 @@ def _pcm(x: npt.NDArray[np.float64]) -> bytes:
 
 @pytest.fixture(scope="module")
 def fixture_frames() -> list[bytes]:
-    """The 30 s speech fixture as canonical frames, upsampled as calls do."""
+    """The 30 s speech fixture (8 kHz) as narrowband frames, as calls hear it."""
     with wave.open(str(SPEECH_WAV), "rb") as wav:
         pcm8 = wav.readframes(wav.getnframes())
-    resampler = StreamResampler(8_000, CANONICAL_SAMPLE_RATE)
-    return _frames(resampler.process(pcm8) + resampler.flush())
+    return _frames(pcm8)
 
 
 @pytest.fixture(scope="module")
 def espeak_utterances() -> list[list[bytes]]:
-    """Each espeak-ng utterance of the generated fixture as canonical frames."""
+    """Each espeak-ng utterance of the generated fixture as narrowband frames."""
     with wave.open(str(ESPEAK_WAV), "rb") as wav:
         rate = wav.getframerate()
         x = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").astype(np.float64)
@@ -73,18 +77,18 @@ def espeak_utterances() -> list[list[bytes]]:
     starts = np.concatenate(([loud[0]], loud[breaks + 1]))
     ends = np.concatenate((loud[breaks], [loud[-1]])) + 1
     return [
-        _frames(_pcm(np.asarray(soxr.resample(x[s:e], rate, CANONICAL_SAMPLE_RATE, "HQ"))))
+        _frames(_pcm(np.asarray(soxr.resample(x[s:e], rate, NARROWBAND_SAMPLE_RATE, "HQ"))))
         for s, e in zip(starts, ends, strict=True)
     ]
 
 
 def _white(seconds: float, rms: float, seed: int = 7) -> list[bytes]:
     rng = np.random.default_rng(seed)
-    return _frames(_pcm(rng.standard_normal(round(seconds * CANONICAL_SAMPLE_RATE)) * rms))
+    return _frames(_pcm(rng.standard_normal(round(seconds * NARROWBAND_SAMPLE_RATE)) * rms))
 
 
 def _hum(seconds: float, amplitude: float) -> list[bytes]:
-    t = np.arange(round(seconds * CANONICAL_SAMPLE_RATE)) / CANONICAL_SAMPLE_RATE
+    t = np.arange(round(seconds * NARROWBAND_SAMPLE_RATE)) / NARROWBAND_SAMPLE_RATE
     return _frames(
         _pcm(amplitude * (np.sin(2 * np.pi * 60 * t) + 0.5 * np.sin(2 * np.pi * 120 * t)))
     )
@@ -116,7 +120,9 @@ def test_fluent_speech_is_speech_on_most_frames(name: str, fixture_frames: list[
     assert np.mean(probabilities >= SPEECH_THRESHOLD) >= floor
 
 
-@pytest.mark.parametrize("length", [0, 2, CANONICAL_FRAME_BYTES - 2, CANONICAL_FRAME_BYTES + 2])
+@pytest.mark.parametrize(
+    "length", [0, 2, NARROWBAND_FRAME_BYTES - 2, NARROWBAND_FRAME_BYTES + 2, CANONICAL_FRAME_BYTES]
+)
 def test_wrong_frame_length_raises_and_changes_nothing(
     name: str, length: int, fixture_frames: list[bytes]
 ) -> None:
@@ -187,10 +193,10 @@ def test_every_espeak_utterance_is_found(neural: str, espeak_utterances: list[li
 
 
 def test_silero_buffers_like_the_reference_wrapper(fixture_frames: list[bytes]) -> None:
-    # silero-vad's OnnxWrapper at 8 kHz, written out: decimate the whole stream,
-    # cut 256-sample windows, prepend the last 32 samples of the one before.
+    # silero-vad's OnnxWrapper at 8 kHz, written out: the whole stream cut into
+    # 256-sample windows, each with the last 32 samples of the one before.
     frames = fixture_frames[100:250]
-    chunks = [np.frombuffer(f, dtype="<i2")[::3].astype(np.float32) / 32768.0 for f in frames]
+    chunks = [np.frombuffer(f, dtype="<i2").astype(np.float32) / 32768.0 for f in frames]
     audio = np.concatenate(chunks)
     ends = np.cumsum([len(c) for c in chunks])
     session = vad._silero_session()
@@ -207,6 +213,48 @@ def test_silero_buffers_like_the_reference_wrapper(fixture_frames: list[bytes]) 
     expected = [window_probabilities[e // 256 - 1] if e >= 256 else 0.0 for e in ends]
     np.testing.assert_allclose(_run(SileroDetector(), frames), expected, rtol=0, atol=1e-6)
     assert max(expected) > SPEECH_THRESHOLD
+
+
+def _windows_to_frames(windows: int) -> int:
+    """Frames holding exactly ``windows`` model windows (8 frames = 5 windows of 256)."""
+    assert windows % 5 == 0
+    return windows // 5 * 8
+
+
+def test_silero_state_starts_afresh_in_a_quiet_stretch_after_a_long_run(
+    fixture_frames: list[bytes],
+) -> None:
+    # More than SILERO_RESET_EVERY_WINDOWS windows of the fixture, then digital
+    # silence: at the SILERO_RESET_QUIET_WINDOWS-th quiet window the state is reset,
+    # so what follows scores exactly as on a new call's detector.
+    history = _windows_to_frames(vad.SILERO_RESET_EVERY_WINDOWS)
+    assert history <= 2 * len(fixture_frames)
+    loud = (fixture_frames * 2)[:history]
+    quiet = _windows_to_frames(10)  # 16 frames: the reset falls on their last window
+    assert vad.SILERO_RESET_QUIET_WINDOWS == 10
+    after = fixture_frames[FLUENT]
+    long_run = SileroDetector()
+    _run(long_run, loud + [SILENCE] * quiet)
+    fresh = SileroDetector()
+    # From the first window on (before it a new detector reports 0.0; the other, the
+    # quiet window it heard last).
+    np.testing.assert_array_equal(_run(long_run, after)[1:], _run(fresh, after)[1:])
+    # Without the reset, the state carried from the long run scores otherwise.
+    carried = SileroDetector()
+    _run(carried, loud[: history - quiet] + [SILENCE] * quiet)
+    assert not np.array_equal(_run(carried, after), _run(SileroDetector(), after))
+
+
+def test_silero_state_is_never_reset_inside_speech(
+    fixture_frames: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fluent speech for longer than the reset interval: with no quiet stretch there
+    # is no reset (scores as a detector that never resets).
+    speech = (fixture_frames[FLUENT] * 8)[: _windows_to_frames(vad.SILERO_RESET_EVERY_WINDOWS)]
+    speech += fixture_frames[FLUENT]
+    expected = _run(SileroDetector(), speech)
+    monkeypatch.setattr(vad, "SILERO_RESET_EVERY_WINDOWS", 10**9)
+    np.testing.assert_array_equal(_run(SileroDetector(), speech), expected)
 
 
 def test_silero_shares_one_model_session() -> None:
@@ -269,7 +317,7 @@ class _Scripted:
         self.i = 0
 
     def process(self, frame: bytes, near_end: bool = True) -> float:
-        if len(frame) != CANONICAL_FRAME_BYTES:
+        if len(frame) != NARROWBAND_FRAME_BYTES:
             raise FrameLengthError(len(frame))
         self.i += 1
         return self.script[self.i - 1]
@@ -294,7 +342,7 @@ class _Recorder:
 
 
 def _numbered(n: int) -> list[bytes]:
-    return [i.to_bytes(2, "little") * CANONICAL_FRAME_SAMPLES for i in range(n)]
+    return [i.to_bytes(2, "little") * NARROWBAND_FRAME_SAMPLES for i in range(n)]
 
 
 def test_cascade_runs_the_neural_detector_only_while_the_gate_is_open() -> None:
