@@ -170,6 +170,7 @@ __all__ = [
     "ERL_WINDOW_MS",
     "LINE_CANCELLER",
     "LINE_CANCELLER_MARGIN_DB",
+    "LINE_CANCELLER_SKIP_ERL_DB",
     "MARGIN_DB",
     "MAX_DELAY_MS",
     "MAX_ERL_DB",
@@ -323,6 +324,13 @@ ECHO_COPY = 0.7
 #: pause P95 330 -> 300 ms, 10 dB line 460 -> 310 ms). It is skipped when AEC3
 #: runs (``canceller``), which already takes the echo out of what is judged.
 LINE_CANCELLER = True
+#: Proven ERL at every lag (no delay known) above which the line canceller is not
+#: aligned over the whole lag range: echo 30 dB under speech-level render (-10 to
+#: -30 dBFS) is at or under the near-end floor's reach, so energy already hears a
+#: caller past it, and the alignment (one FFT correlation of ~1 s, ~170 µs every
+#: DELAY_UPDATE_MS) would search a clean line for ever. Seed decision; the tune
+#: split's figures were the same with and without it.
+LINE_CANCELLER_SKIP_ERL_DB = 30.0
 #: How far the canceller's residual must stand above the echo it should leave
 #: (its echo estimate less its ERLE) to be the caller. Chosen on the tune split's
 #: recorded calls: 6 / 9 / 12 dB left 15 / 10 / 9 two-frame near-end runs on echo
@@ -638,6 +646,7 @@ class EchoGate:
         "_lag_erl",
         "_lag_max",
         "_lag_min",
+        "_lags_clean",
         "_lec",
         "_lec_aligned_for",
         "_margin",
@@ -700,6 +709,8 @@ class EchoGate:
         self._proof_start = 0
         # Per lag (rows as _proof): the ERL in use while no delay is known.
         self._lag_erl: npt.NDArray[np.float64] = np.full(len(self._proof), config.min_erl_db)
+        # Every lag's ERL in use has reached max_erl_db (proofs only rise): see _prove_lags.
+        self._lags_clean = False
         self._proof_rise = config.max_proof_rise_db_per_s * FRAME_MS / 1000.0
         self._render_pcm: dict[int, bytes] = {}
         # What was played and heard, at 8 kHz, for the coherence test: one row per slot.
@@ -1002,14 +1013,20 @@ class EchoGate:
         lags = hi - lo + 1
         # window[j] is render slot slot - hi - spread + j; lag hi - k is window[k + spread].
         window = self._render_env.window(slot - lo + spread, lags + 2 * spread)
-        if float(window.max()) <= _ENVELOPE_FLOOR_DBFS:
+        peak = float(window.max())
+        if peak <= _ENVELOPE_FLOOR_DBFS:
             return DIGITAL_SILENCE_DBFS  # nothing played over the lag range: nothing to prove
-        quietest = window[spread : spread + lags].copy()
-        loudest = quietest.copy()
-        for shift in range(2 * spread + 1):
-            part = window[shift : shift + lags]
-            np.minimum(quietest, part, out=quietest)
-            np.maximum(loudest, part, out=loudest)
+        if self._lags_clean:
+            # Every lag proven to the most any ERL may be (bounds only rise): nothing
+            # here can change, and the echo allowed is the loudest render less that.
+            return peak - self._config.max_erl_db
+        # Row j is the window shifted by j: the quietest and loudest over the spread
+        # in two reductions (a loop of minimum/maximum cost ~3x as much).
+        shifted: npt.NDArray[np.float64] = np.ndarray(
+            (2 * spread + 1, lags), np.float64, window, 0, (_ITEM, _ITEM)
+        )
+        quietest = shifted.min(axis=0)
+        loudest = shifted.max(axis=0)
         if slot >= self._proof_start:
             bound = np.where(
                 quietest > _ENVELOPE_FLOOR_DBFS,
@@ -1020,6 +1037,7 @@ class EchoGate:
         target = np.maximum(self._proof, self._min_erl)
         lag_erl = self._lag_erl
         np.minimum(target, lag_erl + self._proof_rise, out=lag_erl)
+        self._lags_clean = float(lag_erl.min()) >= self._config.max_erl_db
         # The weakest ERL within the spread of each lag (the echo may sit between).
         weakest = lag_erl.copy()
         for shift in range(1, spread + 1):
@@ -1052,7 +1070,7 @@ class EchoGate:
             if lec.align(delay * FRAME_MS, (self._spread + 1) * FRAME_MS):
                 self._lec_aligned_for = delay
             return
-        if lec.trusted:
+        if lec.trusted or float(self._lag_erl.min()) >= LINE_CANCELLER_SKIP_ERL_DB:
             return
         lo, hi = self._lag_min, self._lag_max + self._spread
         if float(self._render_env.window(slot - lo, hi - lo + 1).max()) <= _ENVELOPE_FLOOR_DBFS:
@@ -1098,6 +1116,7 @@ class EchoGate:
         self._erl = self._min_erl
         self._proof.fill(-math.inf)
         self._lag_erl.fill(self._min_erl)
+        self._lags_clean = False
         self._proof_start = -(2**62) if slot is None else slot + 1
 
     def _forget_evidence(self) -> None:
@@ -1245,6 +1264,7 @@ class EchoGate:
                 self._forget_evidence()
                 self._proof.fill(-math.inf)
                 self._lag_erl.fill(self._min_erl)
+                self._lags_clean = False
                 self._proof_start = slot + 1
                 by_size = sorted(louder_echo)
                 low = by_size[min(len(by_size) - 1, int(len(by_size) * self._erl_quantile))]

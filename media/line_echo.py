@@ -100,6 +100,15 @@ _MIN_RENDER_POWER = 32768.0**2 * 10 ** (-60 / 10)
 _FULL_SCALE_DB = 20 * math.log10(32768.0)
 
 
+def _percentile(values: npt.NDArray[np.float64], q: float) -> float:
+    """``np.percentile(values, q)`` (linear interpolation) by partition: ~2 µs, not ~60."""
+    position = q / 100.0 * (len(values) - 1)
+    lo = math.floor(position)
+    hi = min(lo + 1, len(values) - 1)
+    part = np.partition(values, (lo, hi))
+    return float(part[lo] + (part[hi] - part[lo]) * (position - lo))
+
+
 def _level_db(power: float) -> float:
     return 10 * math.log10(max(power, 1e-3)) - _FULL_SCALE_DB
 
@@ -163,7 +172,10 @@ class LineEchoCanceller:
         lags = np.arange(config.taps)
         self._toeplitz = np.abs(lags[:, None] - lags[None, :])
         self._until_solve = config.solve_every
-        self._erle: list[float] = []
+        # Recent (capture - residual) levels, a ring (order does not matter to a percentile).
+        self._erle = np.zeros(ERLE_FRAMES)
+        self._erle_count = 0
+        self._erle_next = 0
         self.erle_db = 0.0
 
     # ---- timelines -----------------------------------------------------------
@@ -262,7 +274,8 @@ class LineEchoCanceller:
         self._r.fill(0.0)
         self._p.fill(0.0)
         self._w.fill(0.0)
-        self._erle.clear()
+        self._erle_count = 0
+        self._erle_next = 0
         self.erle_db = 0.0
         self._until_solve = self.config.solve_every
 
@@ -294,7 +307,10 @@ class LineEchoCanceller:
         # m = WAVE_FRAME - 1 - n: a strided view (no copy), rows in reverse order.
         rev = seg[::-1].copy()
         step = rev.strides[0]
-        rows = np.lib.stride_tricks.as_strided(rev, (WAVE_FRAME, taps), (step, step))
+        # np.ndarray over the buffer: as_strided's checks cost ~8 µs a frame.
+        rows: npt.NDArray[np.float64] = np.ndarray(
+            (WAVE_FRAME, taps), np.float64, rev, 0, (step, step)
+        )
         echo = (rows @ self._w)[::-1]
         residual = x - echo
         forget = self.config.forget
@@ -306,16 +322,14 @@ class LineEchoCanceller:
         if self._until_solve <= 0:
             self._until_solve = self.config.solve_every
             self._solve()
-            erle = self._erle
-            if len(erle) >= ERLE_FRAMES // 4:
-                self.erle_db = float(np.percentile(erle, ERLE_PERCENTILE))
+            if self._erle_count >= ERLE_FRAMES // 4:
+                self.erle_db = _percentile(self._erle[: self._erle_count], ERLE_PERCENTILE)
         capture_db = _level_db(float(x @ x) / WAVE_FRAME)
         residual_db = _level_db(float(residual @ residual) / WAVE_FRAME)
         echo_db = _level_db(float(echo @ echo) / WAVE_FRAME)
-        erle = self._erle
-        erle.append(capture_db - residual_db)
-        if len(erle) > ERLE_FRAMES:
-            del erle[0]
+        self._erle[self._erle_next] = capture_db - residual_db
+        self._erle_next = (self._erle_next + 1) % ERLE_FRAMES
+        self._erle_count = min(self._erle_count + 1, ERLE_FRAMES)
         return residual_db, echo_db, residual
 
     @property
