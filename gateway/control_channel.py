@@ -115,4 +115,5 @@ class ControlChannel:
                 await asyncio.sleep(RESUBSCRIBE_DELAY_S)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    # redis-py < 8 leaves aclose untyped; 8.x annotates it.
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
