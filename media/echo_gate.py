@@ -110,14 +110,15 @@ Measured (``bench/echo_gate.py``: speech and mock voice through the real
 3.11, numpy 2.4; the old fixture and the mock voice, in-sample material):
 echo alone was called near end on no frame, in the first 500 ms of echo or
 after; a caller talking over the echo at natural level was heard on 89-100 %
-of speech frames at 20-30 dB ERL and on 57-70 % at 6-10 dB (before the line
+of speech frames at 20-30 dB ERL and on 56-68 % at 6-10 dB (before the line
 canceller and the per-lag bounds: 24-50 %), three near-end frames in a row
-60-120 ms after onset; ~65 µs per frame pair (render + capture, the line
-canceller included; ~10 µs before it). With AEC3 in front: 57-100 %, ~300
-µs. A sudden echo path change (8 dB louder, or a new delay) gave false runs
-of 2-6 frames while the gate caught up. On the reflex rig's clean line
-(tests/test_reflex.py), twelve interruptions in a row at -35 to -12 dBFS
-each paused within 60 ms of reaching the core, the first included.
+60-120 ms after onset; 65-100 µs per frame pair on an AMD EPYC VM (render +
+capture, the line canceller included; ~10 µs before it). With AEC3 in front
+(at 8 kHz): 46-100 %, ~210-250 µs. A sudden echo path change (8 dB louder,
+or a new delay) gave false runs of 2-8 frames while the gate caught up. On
+the reflex rig's clean line (tests/test_reflex.py), twelve interruptions in a
+row at -35 to -12 dBFS each paused within 60 ms of reaching the core, the
+first included.
 
 Limits, by design: energy cannot separate a caller who is no louder than the
 echo from that echo once a delay is known (the canceller can, partly); at

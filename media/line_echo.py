@@ -28,7 +28,7 @@ Measured: a one-off least-squares fit of 64 taps over one second of the
 reflex rig's 10 dB echo line cancelled 34 dB; ``tests/test_media_line_echo.py``
 holds this filter to at least 25 dB on a short dispersive path and 20 dB after
 a fit made over double talk. The echo gate and this filter together cost
-about 65 µs per frame pair (``bench/echo_gate.py``). Sans-I/O: time comes in
+65-100 µs per frame pair (``bench/echo_gate.py``, an AMD EPYC VM). Sans-I/O: time comes in
 as milliseconds; nothing here reads a clock. Frames are the echo gate's
 narrowband samples (160 at 8 kHz, :mod:`media.narrowband`), as float arrays.
 """

@@ -9,23 +9,23 @@ answers with a probability in 0..1; a frame is speech at or above
 deterministic; :func:`make_detector` builds one by name.
 
 Four are here, measured side by side by ``bench/vad_compare.py`` (Python
-3.11, numpy 2.4, onnxruntime 1.32, one AMD EPYC core). Cost is µs per 20 ms
-frame on the 30 s speech fixture (talk all the time), on its speech stretches
-each followed by twice as long a quiet line ("talk 1/3") and on a quiet line.
-Accuracy is on a labelled set built from the fixture, espeak-ng utterances
-and synthetic noises (described there), phone-band (8 kHz) and wideband
-(16 kHz); onset is the delay from a speech stretch's start to its first
-frame at or above the threshold:
+3.11, numpy 2.4, onnxruntime 1.32, one core of an AMD EPYC VM). Cost is µs
+per 20 ms frame on the 30 s speech fixture (talk all the time), on its speech
+stretches each followed by twice as long a quiet line ("talk 1/3") and on a
+quiet line. Accuracy is on a labelled set built from the fixture, espeak-ng
+utterances and synthetic noises (described there), phone-band (8 kHz) and
+wideband (16 kHz, taken to 8 kHz as a 16 kHz wire is); onset is the delay
+from a speech stretch's start to its first frame at or above the threshold:
 
 =========  =======  ========  =====  ======  =====  ======  =======  ========  =====
 detector   fixture  talk 1/3  idle   recall  false  onset   longest  wideband  false
            µs       µs        µs     phone   pos.   median  false    recall    pos.
                                                             alarm
 =========  =======  ========  =====  ======  =====  ======  =======  ========  =====
-energy       2.3      2.3      2.3   66 %    25 %    0 ms   1480 ms    85 %    22 %
-webrtc       2.2      2.1      2.0   92 %    41 %    0 ms   3120 ms    97 %    25 %
-silero      40.6     40.6     40.6   87 %   1.0 %   40 ms      0 ms    85 %   0.8 %
-cascade     45.3     20.1      2.6   90 %   1.2 %   60 ms      0 ms    88 %   0.9 %
+energy       4.5      4.5      3.1   66 %    25 %    0 ms   1480 ms    86 %    20 %
+webrtc       2.6      2.5      2.4   86 %    35 %    0 ms   3120 ms    94 %    15 %
+silero      76.9     60.9     63.1   93 %   1.4 %   40 ms      0 ms    92 %   1.2 %
+cascade     65.2     36.2      3.5   95 %   1.7 %   40 ms      0 ms    91 %   0.9 %
 =========  =======  ========  =====  ======  =====  ======  =======  ========  =====
 
 (The longest false alarm is the longest run of false positives that does
@@ -37,29 +37,31 @@ a turn in :mod:`media.endpointing`.)
   is speech until the floor catches up (1.5 s): it fires on 49-78 % of the
   frames of new white/pink noise, hum, DTMF, ringback and noise bursts.
 * :class:`WebRtcDetector` (``webrtcvad-wheels``, the WebRTC GMM) is as cheap
-  and catches speech, but at its most aggressive mode still calls 41 % of
+  and catches speech, but at its most aggressive mode still calls 35 % of
   non-speech frames speech (85-100 % of white and pink noise at -40..-20
   dBFS, hum, DTMF, ringback, the noise bursts).
 * :class:`SileroDetector` (Silero VAD v6 through onnxruntime, fed 8 kHz) is
-  the only one that tells speech from noise: 87 % recall at 1.0 % false
-  positives. It costs about 40 µs per 20 ms frame, the whole reflex budget
-  (0.2 % of a core per call, 40 µs per frame). At 16 kHz (behind soxr) it
-  recalled 93 % of these frames at 1.7 % false positives for 65 µs, but
-  called real speech onsets later (``SILERO_SAMPLE_RATE``); what it misses at
-  8 kHz is mostly the dips between words, which a 500 ms turn silence spans.
+  the only one that tells speech from noise: 93 % recall at 1.4 % false
+  positives, fed the wire's own 8 kHz (87 % at 1.0 % when it was fed every
+  third sample of the 24 kHz audio the brain gets). It costs about 60-80 µs
+  per 20 ms frame on this VM (40 µs on the machine the README's first
+  figures come from), more than the whole reflex budget (0.2 % of a core per
+  call, 40 µs per frame). At 16 kHz (behind soxr) it called real speech
+  onsets later (``SILERO_SAMPLE_RATE``); what it misses at 8 kHz is mostly
+  the dips between words, which a 500 ms turn silence spans.
 * :class:`CascadeDetector` runs an energy gate (2 µs) on every frame and
   Silero only while the gate hears something, and for the endpointer's
   trailing-silence time after. It is as accurate as Silero alone, within
   half a point (Silero's state carries over the quiet stretches it skips,
   and it hears the 160 ms before each opening); on a quiet line it costs
-  what the gate costs. While the caller talks it costs Silero's 45 µs plus
-  the gate's 2 µs, and up to 360 µs once per opening of the gate (the
-  160 ms); a caller who talks a third of the call averages 21 µs per frame.
+  what the gate costs. While the caller talks it costs Silero's plus the
+  gate's 2-4 µs, and several Silero windows once per opening of the gate (the
+  160 ms); a caller who talks a third of the call averages about half of
+  Silero's cost per frame (36 µs against 77 on this VM).
 
 :data:`DEFAULT_DETECTOR` is therefore ``"cascade"``: accuracy first (Silero's
 recall, false positives and onset, and no false alarm long enough to start
-a turn), and the only accurate detector whose average cost fits the budget
-(the rest of the reflex loop then has about 20 µs of the 40 µs). Its blind
+a turn), at the lowest average cost of the accurate detectors. Its blind
 spots are the gate's: speech less than 3 dB above a steady background, and
 a sound held steady for longer than the 1.5 s noise window (a long "ummm"),
 are not sent to Silero.

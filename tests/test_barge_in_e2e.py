@@ -74,25 +74,23 @@ BARGE_INS: tuple[tuple[float, float, float], ...] = (
 #: first second and 18.5, 25.6 and 27 s among them, it does not for 0.4 s or
 #: more, and the pause they cause is then undone as noise.
 #: Onset → ``clear`` bound. The core pauses after 40 ms of near-end speech
-#: (RUTSTER_BARGE_IN_PAUSE_MS) plus one frame of inbound resampling: ~60 ms
-#: (README, "The reflex loop"). End to end come on top: the 20 ms frame
+#: (RUTSTER_BARGE_IN_PAUSE_MS), heard on the wire before any resampling
+#: (media.narrowband): measured 21-24 ms after the onset frame was sent, every
+#: interruption, the first included. End to end come on top: the 20 ms frame
 #: granularity of the caller's send timeline, two loopback WebSocket hops, and
 #: one event loop shared by the simulator and the gateway (Silero VAD included),
-#: which can hold a frame for a few tens of ms. 250 ms is ~4x the core's
-#: figure, and still half of what a caller notices as "it didn't stop".
-MAX_CLEAR_LATENCY_MS = 250.0
+#: which can hold a frame for a few tens of ms on a loaded CI box. 150 ms is ~6x
+#: the measured figure, and the issue's P95 goal. (Before the narrowband tap the
+#: bound was 250 ms, and the first interruption, in the call's first answer, was
+#: allowed 1 s.)
+MAX_CLEAR_LATENCY_MS = 150.0
 #: The same bound for the default speech rule (gateway/reflex.py PauseOn.SPEECH),
 #: which also waits for the VAD to hear a voice: on this fixture it does within
-#: 100 ms of most stretches' onsets, and 240 ms after the one at 27.26 s
-#: (measured); the end-to-end allowance above on top.
-SPEECH_CLEAR_LATENCY_MS = 240.0 + MAX_CLEAR_LATENCY_MS - 60.0
+#: 60 ms of most stretches' onsets, and 180-200 ms after the ones at 14.08 and
+#: 26.0 s (measured); the end-to-end allowance above on top.
+SPEECH_CLEAR_LATENCY_MS = 200.0 + MAX_CLEAR_LATENCY_MS - 40.0
 #: Onset -> clear bound per pause rule.
 CLEAR_LATENCY_MS = {PauseOn.ENERGY: MAX_CLEAR_LATENCY_MS, PauseOn.SPEECH: SPEECH_CLEAR_LATENCY_MS}
-#: The first barge-in falls 300 ms into the call's first answer: until its pauses
-#: prove the lags clean, a caller quieter than the assistant looks to the echo gate
-#: like the assistant's echo 300 ms late (README, "Known limits"; measured 260-280
-#: ms at -22 dBFS). It must be heard, within this; every later one within the above.
-FIRST_ANSWER_LIMIT_MS = 1_000.0
 
 
 def fixture_slice(pcm: bytes, start_s: float, seconds: float) -> bytes:
@@ -233,13 +231,7 @@ async def test_every_barge_in_is_heard_on_a_clean_line(
     # Every interruption was said (the assistant answered every turn) ...
     assert len(found) == len(BARGE_INS), report
     # ... and every one paused the assistant (Twilio got clear) in time ...
-    late = [
-        i
-        for i in found
-        if i.latency_ms is None
-        or i.latency_ms > (FIRST_ANSWER_LIMIT_MS if i.index == 0 else CLEAR_LATENCY_MS[pause_on])
-    ]
+    late = [i for i in found if i.latency_ms is None or i.latency_ms > CLEAR_LATENCY_MS[pause_on]]
     assert not late, f"{len(late)} barge-ins missed or late:\n{report}"
-    # ... and was confirmed (1-2 s of speech is far above the 350 ms needed); the
-    # first, heard late, may be undone before enough of it is heard.
-    assert len(confirmed) >= len(BARGE_INS) - 1, report
+    # ... and was confirmed (1-2 s of speech is far above the 350 ms needed).
+    assert len(confirmed) == len(BARGE_INS), report
