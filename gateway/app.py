@@ -41,6 +41,12 @@ from trunk.twilio.routes import twilio_status, twilio_stream, twilio_voice
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
+#: How long shutdown waits for a cancelled background task before it goes on
+#: and closes the Redis clients under it (which ends any read it is stuck in).
+#: Seed decision: a task that honours cancellation ends in milliseconds; one did
+#: not (the control channel's listener cancelled mid-subscribe, redis-py 8.2),
+#: and the gateway then never exited.
+TASK_STOP_TIMEOUT_S = 2.0
 
 
 def startup_warnings(config: GatewayConfig) -> list[str]:
@@ -88,7 +94,10 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
     url = settings.redis_url
     if url is None:
         embedded = EmbeddedRedis(settings.data_dir / "redis")
-        await asyncio.to_thread(embedded.start)
+        # Spawned on this thread, which lives as long as the process: the server
+        # is told to stop when the thread that started it ends (EmbeddedRedis.spawn).
+        embedded.spawn()
+        await asyncio.to_thread(embedded.wait_ready)
         state.embedded_redis = embedded
         url = embedded.url
         log.info(
@@ -143,13 +152,24 @@ async def stop_spend_services(state: GatewayState, tasks: list[asyncio.Task[None
     """Stop the tasks, close Redis clients, stop the embedded Redis."""
     for task in tasks:
         task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    if tasks:
+        done, pending = await asyncio.wait(tasks, timeout=TASK_STOP_TIMEOUT_S)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("background task %s failed", task.get_name(), exc_info=task.exception())
+        if pending:
+            log.warning(
+                "shutdown: background task(s) %s did not stop within %.0f s of being "
+                "cancelled; closing Redis under them",
+                ", ".join(sorted(t.get_name() for t in pending)),
+                TASK_STOP_TIMEOUT_S,
+            )
     if state.control_channel is not None:
         await state.control_channel.aclose()
     if state.redis is not None:
         await state.redis.aclose()
+    if tasks and pending:
+        await asyncio.wait(pending, timeout=TASK_STOP_TIMEOUT_S)
     if state.embedded_redis is not None:
         await asyncio.to_thread(state.embedded_redis.stop)
 

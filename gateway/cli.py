@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import secrets
 import sys
@@ -47,7 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.config import GatewayConfig
     from gateway.env_values import ConfigError
-    from gateway.server import uvicorn_config
+    from gateway.server import listen_socket, serve, uvicorn_config
 
     _setup_logging(args.log_level)
     try:
@@ -55,11 +56,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"rutster serve: configuration error: {exc}", file=sys.stderr)
         return 2
+    try:
+        sock = listen_socket(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"rutster serve: cannot listen on {args.host}:{args.port}: "
+            f"{os.strerror(exc.errno) if exc.errno else exc}"
+            " (is another gateway running? choose another --port)",
+            file=sys.stderr,
+        )
+        return 1
     server = uvicorn.Server(
         uvicorn_config(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
     )
-    server.run()
-    return 0
+    logging.getLogger("gateway.cli").info("listening on http://%s:%d", args.host, args.port)
+    return serve(server, sock)
 
 
 def cmd_brain(args: argparse.Namespace) -> int:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,6 +43,29 @@ def wait_listening(host: str, port: int, timeout_s: float, proc: subprocess.Pope
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s}s")
 
 
+def wait_healthy(
+    host: str, port: int, path: str, timeout_s: float, proc: subprocess.Popen[bytes]
+) -> None:
+    """Block until ``GET path`` on ``host:port`` answers 2xx; fail early if ``proc`` died.
+
+    ``rutster serve`` binds its socket before the app starts (gateway/server.py),
+    so a TCP connection is accepted before the gateway can serve it.
+    """
+    deadline = time.monotonic() + timeout_s
+    url = f"http://{host}:{port}{path}"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as response:
+                if 200 <= response.status < 300:
+                    return
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer 2xx after {timeout_s}s")
+
+
 @dataclass
 class Service:
     """A spawned rutster process listening on ``port``."""
@@ -68,8 +93,12 @@ def spawn(
     env: Mapping[str, str] | None = None,
     host: str = LOOPBACK,
     quiet: bool = True,
+    health_path: str | None = None,
 ) -> Service:
-    """Run ``python -m gateway.cli ARGS`` and wait until it listens on ``port``."""
+    """Run ``python -m gateway.cli ARGS`` and wait until it listens on ``port``.
+
+    With ``health_path``, wait until ``GET health_path`` answers 2xx instead.
+    """
     full_env = dict(os.environ)
     full_env.update(env or {})
     out = subprocess.DEVNULL if quiet else None
@@ -77,7 +106,10 @@ def spawn(
         [sys.executable, "-m", "gateway.cli", *args], env=full_env, stdout=out, stderr=out
     )
     try:
-        wait_listening(host, port, READY_TIMEOUT_S, proc)
+        if health_path is None:
+            wait_listening(host, port, READY_TIMEOUT_S, proc)
+        else:
+            wait_healthy(host, port, health_path, READY_TIMEOUT_S, proc)
     except BaseException:
         proc.kill()
         proc.wait()
@@ -141,6 +173,7 @@ def gateway_process(
                 **env,
             },
             quiet=quiet,
+            health_path="/healthz",
         )
         try:
             yield service

@@ -15,6 +15,7 @@ gate's latency budget (``bench/spend_gate.py``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import logging
 import os
@@ -22,7 +23,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -41,6 +44,37 @@ STOP_TIMEOUT_S = 5.0
 #: eating the laptop. ``noeviction`` makes Redis refuse writes instead of
 #: silently dropping spend records.
 DEFAULT_MAXMEMORY = "256mb"
+
+
+#: ``PR_SET_PDEATHSIG`` (<linux/prctl.h>): the signal a process gets when the
+#: thread that created it ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child get SIGTERM when its parent dies (Linux).
+
+    Redis has no option to watch its parent, and a gateway killed with SIGKILL
+    runs no cleanup. ``prctl(PR_SET_PDEATHSIG)`` is the kernel's own answer; the
+    function only calls it (no allocation, no lock: what a ``preexec_fn``
+    may safely do in a process with threads), then checks that the parent did
+    not die before the call took effect. None elsewhere (no such call).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    stop = int(signal.SIGTERM)
+
+    def stop_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, stop)
+        if os.getppid() != parent:
+            os._exit(1)  # the parent is already gone
+
+    return stop_with_parent
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -124,6 +158,20 @@ class EmbeddedRedis:
         """Start the server (no-op if running) and wait until it answers PING."""
         if self.running:
             return
+        self.spawn()
+        self.wait_ready()
+
+    def spawn(self) -> None:
+        """Run the server process (no-op if running), without waiting for it.
+
+        On Linux the server is asked to stop (SIGTERM: it flushes its
+        append-only file) when the thread that spawned it ends, which is when
+        its gateway dies however it dies (SIGKILL, a crash): no orphaned
+        server keeps the data folder and a port. Spawn from a thread that lives
+        as long as the process (the event loop's).
+        """
+        if self.running:
+            return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         args = [
@@ -143,17 +191,25 @@ class EmbeddedRedis:
         ]  # fmt: skip
         try:
             self._proc = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                preexec_fn=_stop_with_parent(),  # one prctl call: see _stop_with_parent
             )
         except OSError as exc:
             self._release_lock()
             raise EmbeddedRedisError(f"cannot run {args[0]}: {exc.strerror}") from None
+
+    def wait_ready(self) -> None:
+        """Block until the spawned server answers PING; raise (and clean up) if it cannot."""
+        proc = self._proc
+        if proc is None:
+            raise EmbeddedRedisError("embedded redis-server was not spawned")
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not _ping(self.port):
-            if self._proc.poll() is not None:
-                err = (self._proc.stderr.read() if self._proc.stderr else b"").decode(
-                    errors="replace"
-                )
+            if proc.poll() is not None:
+                err = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace")
                 self._proc = None
                 self._release_lock()
                 raise EmbeddedRedisError(

@@ -74,7 +74,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.env_values import read_secret
-from gateway.launcher import LOOPBACK, Service, free_port, wait_listening
+from gateway.launcher import LOOPBACK, Service, free_port, wait_healthy, wait_listening
 from tests.echo_checks import transient_steps_only
 from trunk.twilio.simulator import TwilioSimulator, best_lag_correlation, read_wav_8k
 
@@ -344,7 +344,10 @@ def run_block(path: Path, name: str) -> Iterator[Stack]:
                     log.close()
                     port = _listen_port(stack, cmd.subcommand)
                     stack.services[cmd.subcommand] = Service(proc, LOOPBACK, port)
-                    wait_listening(LOOPBACK, port, READY_TIMEOUT_S, proc)
+                    if cmd.subcommand == "serve":  # it listens before its app has started
+                        wait_healthy(LOOPBACK, port, "/healthz", READY_TIMEOUT_S, proc)
+                    else:
+                        wait_listening(LOOPBACK, port, READY_TIMEOUT_S, proc)
                 elif not cmd.rutster:
                     stack.run_one_shot(cmd)
             print(f"\n[{name}] substituted: " + "; ".join(localizer.done))
