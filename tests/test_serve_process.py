@@ -8,6 +8,7 @@ exited -15.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -17,12 +18,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import httpx
 import psutil
 import pytest
 
 from gateway.launcher import LOOPBACK, Service, free_port, gateway_process
+from gateway.state import GatewayState
 
 #: How long a refused start may take: the interpreter, the imports, the bind.
 REFUSED_START_S = 15.0
@@ -128,3 +132,26 @@ def test_the_embedded_redis_does_not_outlive_a_killed_gateway() -> None:
         for proc in alive:
             proc.kill()
         assert not alive, "the embedded redis-server outlived its gateway"
+
+
+async def test_shutdown_goes_on_past_a_task_that_ignores_its_cancellation() -> None:
+    from gateway.app import TASK_STOP_TIMEOUT_S, stop_spend_services
+
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        # What the control listener did inside redis-py 8.2: the cancel was swallowed.
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await release.wait()
+
+    task = asyncio.create_task(stubborn(), name="stubborn")
+    await asyncio.sleep(0)
+    state = SimpleNamespace(control_channel=None, redis=None, embedded_redis=None)
+    started = time.monotonic()
+    await asyncio.wait_for(
+        stop_spend_services(cast(GatewayState, state), [task]), 3 * TASK_STOP_TIMEOUT_S + 1
+    )
+    assert time.monotonic() - started < 3 * TASK_STOP_TIMEOUT_S
+    release.set()
+    await task
