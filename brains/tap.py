@@ -42,6 +42,13 @@ MAX_MESSAGE_BYTES = 128 * 1024
 #: Longest ``type`` string accepted, known or not: ours are ≤ 20 characters,
 #: and an unknown type is logged by callers, so a huge one must not get that far.
 MAX_TYPE_CHARS = 64
+#: Longest id a brain may give a tool call or an audio item (``function_call.id``,
+#: ``audio_out.item``) and the core echoes back (``function_call_output.id``,
+#: ``speech_started.item``). OpenAI's call ids are ~30 characters; 256 of the
+#: widest JSON escape (6 bytes) keep every reply far inside MAX_MESSAGE_BYTES.
+#: Seed decision: an id of 30,000 "é" was accepted and its 180 KB reply could
+#: not be sent (issue 14, finding 9).
+MAX_ID_CHARS = 256
 #: Keypad events a ``dtmf`` may carry: RFC 4733 §3.2 events 0-15.
 DTMF_DIGITS = frozenset("0123456789*#ABCD")
 #: Tool names: OpenAI's function-name rule (``^[a-zA-Z0-9_-]{1,64}$``), so a
@@ -368,6 +375,24 @@ def _req_str(
     return value
 
 
+def _req_id(obj: Mapping[str, Any], msg_type: str, key: str) -> str:
+    """A non-empty id of at most MAX_ID_CHARS characters."""
+    value = obj.get(key)
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
+        _field_error(msg_type, "", key, f"a string of 1..{MAX_ID_CHARS} characters")
+    return value
+
+
+def _opt_id(obj: Mapping[str, Any], msg_type: str, key: str) -> str | None:
+    """A nullable id: absent or null reads as None; else 1..MAX_ID_CHARS characters."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
+        _field_error(msg_type, "", key, f"null or a string of 1..{MAX_ID_CHARS} characters")
+    return value
+
+
 def _opt_str(obj: Mapping[str, Any], msg_type: str, key: str) -> str | None:
     """A nullable string: absent or null reads as None; "" is refused (ambiguous)."""
     value = obj.get(key)
@@ -467,7 +492,7 @@ def _parse_audio_in(obj: Mapping[str, Any]) -> AudioIn:
 def _parse_speech_started(obj: Mapping[str, Any]) -> SpeechStarted:
     return SpeechStarted(
         interrupted=_req_bool(obj, "speech_started", "interrupted"),
-        item=_opt_str(obj, "speech_started", "item"),
+        item=_opt_id(obj, "speech_started", "item"),
         played_ms=_opt_count(obj, "speech_started", "played_ms"),
     )
 
@@ -484,7 +509,7 @@ def _parse_dtmf(obj: Mapping[str, Any]) -> Dtmf:
 
 
 def _parse_function_call_output(obj: Mapping[str, Any]) -> FunctionCallOutput:
-    call_id = _req_str(obj, "function_call_output", "id", nonempty=True)
+    call_id = _req_id(obj, "function_call_output", "id")
     status = obj.get("status")
     if not isinstance(status, str):
         _field_error("function_call_output", "", "status", "a string")
@@ -570,7 +595,7 @@ def _parse_tools_update(obj: Mapping[str, Any]) -> ToolsUpdate:
 
 def _parse_audio_out(obj: Mapping[str, Any]) -> AudioOut:
     pcm = _parse_pcm(obj, "audio_out", MIN_AUDIO_OUT_SAMPLES, MAX_AUDIO_OUT_SAMPLES)
-    return AudioOut(pcm, _opt_str(obj, "audio_out", "item"))
+    return AudioOut(pcm, _opt_id(obj, "audio_out", "item"))
 
 
 def _parse_audio_clear(obj: Mapping[str, Any]) -> AudioClear:
@@ -581,7 +606,7 @@ def _parse_function_call(obj: Mapping[str, Any]) -> FunctionCall:
     # The name is only checked to be a string: an unknown name must still
     # reach the core, which answers not_implemented for this id.
     return FunctionCall(
-        id=_req_str(obj, "function_call", "id", nonempty=True),
+        id=_req_id(obj, "function_call", "id"),
         name=_req_str(obj, "function_call", "name"),
         args=_req_object(obj, "function_call", "args"),
     )
@@ -872,8 +897,10 @@ class TapEncoder:
             )
         item = ""
         if event.item is not None:
-            if not isinstance(event.item, str) or not event.item:
-                _field_error("audio_out", "", "item", "a non-empty string or null")
+            if not isinstance(event.item, str) or not 0 < len(event.item) <= MAX_ID_CHARS:
+                _field_error(
+                    "audio_out", "", "item", f"null or a string of 1..{MAX_ID_CHARS} characters"
+                )
             item = f',"item":{json.dumps(event.item)}'
         b64 = binascii.b2a_base64(event.pcm, newline=False).decode("ascii")
         text = (

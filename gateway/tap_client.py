@@ -106,7 +106,14 @@ class TapClient:
         if conn is None:
             self._metrics.tap_send_drops.labels(kind).inc()
             return False
-        text = self._encoder.encode(event, self._clock_ms())
+        try:
+            text = self._encoder.encode(event, self._clock_ms())
+        except TapProtocolError as exc:
+            # An event the protocol cannot carry (a frame over the limit) is one
+            # dropped message, never an exception in the task that sent it.
+            self._metrics.tap_send_drops.labels(kind).inc()
+            self._warn("could not send %s (%s): dropped", kind, exc.reason)
+            return False
         try:
             # Never past the high-water mark: websockets would then wait in drain().
             if conn.transport.get_write_buffer_size() + len(text) > TAP_WRITE_LIMIT_BYTES:

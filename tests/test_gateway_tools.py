@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 
 from brains.tap import (
+    MAX_ID_CHARS,
     FunctionCall,
     FunctionCallOutput,
     Hello,
@@ -42,7 +44,10 @@ class ScriptedToolBrain(RecordingBrain):
         if isinstance(event, Hello):
             await ws.send(encoder.encode(ToolsUpdate(self.catalog), 0.0))
             for proposal in self.script():
-                await ws.send(encoder.encode(proposal, 0.0))
+                # A str goes on the wire as it is (what no encoder of ours would send).
+                await ws.send(
+                    proposal if isinstance(proposal, str) else encoder.encode(proposal, 0.0)
+                )
 
     def outputs(self) -> list[FunctionCallOutput]:
         return [e for e in self.events if isinstance(e, FunctionCallOutput)]
@@ -126,3 +131,22 @@ async def test_a_second_hangup_while_the_first_runs_gets_an_error_once() -> None
     (end,) = [e for e in brain.events if isinstance(e, SessionEnd)]
     assert end.reason == "hangup_tool"
     assert [r.form.get("Status") for r in fake.requests] == ["completed"]
+
+
+async def test_an_oversized_call_id_is_refused_and_the_next_call_is_answered() -> None:
+    # Issue 14, finding 9: 30,000 "é" fit the brain's frame as raw UTF-8 (60 KB), the
+    # answer escaped (180 KB) did not, and the tool task died unanswered.
+    hostile = json.dumps(
+        {"v": 1, "type": "function_call", "seq": 0, "ts": 0, "id": "é" * 30_000,
+         "name": "hangup", "args": {}},
+        ensure_ascii=False,
+    )  # fmt: skip
+    longest = FunctionCall("ü" * MAX_ID_CHARS, "launch", {})
+    proposals = [hostile, longest, FunctionCall("next", "launch", {})]
+    async with ScriptedToolBrain((HANGUP_TOOL,), lambda: proposals) as brain:
+        gw = await run(brain, 2)
+        refused = gw.metric("rutster_bad_messages_total", source="brain", reason="bad_field")
+        drops = gw.metric("rutster_tap_send_drops_total", kind="function_call_output")
+    assert sorted(o.id for o in brain.outputs()) == sorted([longest.id, "next"])
+    assert refused == 1
+    assert drops == 0

@@ -19,6 +19,7 @@ from brains.tap import (
     DEFAULT_INTERRUPTIBLE,
     DEFAULT_TURNS,
     MAX_AUDIO_OUT_SAMPLES,
+    MAX_ID_CHARS,
     MAX_MESSAGE_BYTES,
     TAP_VERSION,
     AdvisorySpeechStarted,
@@ -540,7 +541,7 @@ def test_audio_out_accepts_every_length_in_range() -> None:
         (AudioOut(b"\x00\x00\x00"), "bad_audio_length"),
         (AudioOut(bytes(2 * MAX_AUDIO_OUT_SAMPLES + 2)), "bad_audio_length"),
         (AudioOut(b"\x00\x00", item=""), "bad_field"),
-        (AudioOut(b"\x00\x00", item="x" * MAX_MESSAGE_BYTES), "too_large"),
+        (AudioOut(b"\x00\x00", item="x" * (MAX_ID_CHARS + 1)), "bad_field"),
         (Dtmf("x"), "bad_field"),
         (SpeechStarted(interrupted=True, item="i", played_ms=-1), "bad_field"),
         (Hello("", False, CALL), "bad_field"),
@@ -617,3 +618,42 @@ def test_error_reason_labels_are_stable() -> None:
         "bad_audio_length",
         "unsupported_audio",
     }
+
+
+# ---- ids (issue 14, finding 9) --------------------------------------------------------
+
+
+def _raw(msg_type: str, **fields: Any) -> str:
+    """An envelope as raw UTF-8 text (a peer need not \\u-escape)."""
+    return json.dumps(
+        {"v": TAP_VERSION, "type": msg_type, "seq": 0, "ts": 0, **fields}, ensure_ascii=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("direction", "msg_type", "fields", "key"),
+    [
+        (B2C, "function_call", {"name": "hangup", "args": {}}, "id"),
+        (B2C, "audio_out", {"samples": 480, "pcm": base64.b64encode(bytes(960)).decode()}, "item"),
+        (C2B, "function_call_output", {"status": "ok", "result": None}, "id"),
+        (C2B, "speech_started", {"interrupted": True, "played_ms": 0}, "item"),
+    ],
+)
+def test_ids_are_bounded_where_they_arrive(
+    direction: Direction, msg_type: str, fields: dict[str, Any], key: str
+) -> None:
+    ok = TapDecoder(direction).decode(_raw(msg_type, **fields, **{key: "é" * MAX_ID_CHARS}))
+    assert getattr(ok, key) == "é" * MAX_ID_CHARS
+    # 30,000 "é" fit a frame as UTF-8 (60 KB) but not once \u-escaped in the reply.
+    with pytest.raises(TapProtocolError) as info:
+        TapDecoder(direction).decode(_raw(msg_type, **fields, **{key: "é" * 30_000}))
+    assert info.value.reason == "bad_field"
+    with pytest.raises(TapProtocolError):
+        TapDecoder(direction).decode(_raw(msg_type, **fields, **{key: "x" * (MAX_ID_CHARS + 1)}))
+
+
+def test_the_reply_to_the_longest_id_fits_a_frame() -> None:
+    worst = "\u0001" * MAX_ID_CHARS  # the widest JSON escape: 6 bytes a character
+    reply = TapEncoder(0).encode(FunctionCallOutput(worst, ToolStatus.OK, {"a": "b"}), 0)
+    started = TapEncoder(0).encode(SpeechStarted(True, worst, 10), 0)
+    assert max(len(reply), len(started)) < MAX_MESSAGE_BYTES // 50
