@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -28,6 +29,7 @@ from gateway.api.routes import api_routes, hang_up_local_call, unrouted
 from gateway.config import GatewayConfig
 from gateway.control_channel import ControlChannel
 from gateway.dashboard_feed import dashboard_routes
+from gateway.peer_faults import UVICORN_ERROR_LOGGER, ClientDisconnectGuard, InvalidUtf8LogFilter
 from gateway.state import GatewayState
 from media.vad import preload
 from spend.embedded_redis import EmbeddedRedis
@@ -196,6 +198,8 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
                 base_url=config.twilio_api_base_url,
             )
             state.twilio_call_control = control
+        utf8_filter = InvalidUtf8LogFilter(state.metrics.bad_messages)
+        logging.getLogger(UVICORN_ERROR_LOGGER).addFilter(utf8_filter)
         spend_tasks = await start_spend_services(state)
         gc.collect()
         gc.freeze()
@@ -213,6 +217,7 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
             await control.aclose()
         state.stop_watchers()
         await stop_spend_services(state, spend_tasks)
+        logging.getLogger(UVICORN_ERROR_LOGGER).removeFilter(utf8_filter)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse(
@@ -246,6 +251,7 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
         ],
         lifespan=lifespan,
         exception_handlers={404: unrouted, 405: unrouted},
+        middleware=[Middleware(ClientDisconnectGuard, bad_messages=state.metrics.bad_messages)],
     )
     app.state.gateway = state
     return app
