@@ -558,6 +558,65 @@ async def test_malformed_sip_leaves_the_worker_answering_calls() -> None:
     assert all(line.startswith(refusals) for a in stranger.values() for line in a), stranger
 
 
+async def _ask(port: int, source: str, extra: str = "") -> list[str]:
+    """One raw INVITE from ``source``: the distinct status lines answered within a second."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((source, 0))
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    invite = _invite(port, source, sock.getsockname()[1], extra=extra)
+    await loop.sock_sendto(sock, invite.encode(), (LOOPBACK, port))
+    answers: list[str] = []
+    try:
+        while True:
+            data = await asyncio.wait_for(loop.sock_recv(sock, 65_535), RAW_ANSWER_WAIT_S)
+            status = data.split(b"\r\n", 1)[0].decode(errors="replace")
+            if status not in answers:
+                answers.append(status)
+    except TimeoutError:
+        pass
+    finally:
+        sock.close()
+    return answers
+
+
+#: An Authorization the digest check refuses (wrong response, unknown nonce).
+WRONG_DIGEST = (
+    f'Authorization: Digest username="{DIGEST_USER}", realm="rutster", nonce="abc", '
+    'uri="sip:x", response="0123456789abcdef0123456789abcdef"\r\n'
+)
+
+
+@pytest.mark.parametrize("mode", ["reject", "drop"])
+async def test_what_each_mode_answers_every_failure(mode: str) -> None:
+    # docs/SIP.md's table. 127.0.0.2 is in the allowlist (digest required of it too);
+    # 127.0.0.9 is a stranger.
+    trunk, stranger = "127.0.0.2", SCANNER_IP
+    env = _digest_env(mode, f"{TRUNK_IP}/32,{trunk}/32")
+    async with SipBrain() as brain, sip_stack(brain.url, worker_extra_env=env) as stack:
+        port = stack.worker_port
+        bare = await _ask(port, trunk)
+        wrong = await _ask(port, trunk, WRONG_DIGEST)
+        outsider = await _ask(port, stranger)
+        outsider_digest = await _ask(port, stranger, WRONG_DIGEST)
+        await asyncio.gather(
+            *(_ask(port, trunk, WRONG_DIGEST) for _ in range(DEFAULT_FAILURE_LIMIT - 1))
+        )
+        await asyncio.sleep(1.5)  # drop mode: the deny list reaches the kernel each second
+        blocked = await _ask(port, trunk)
+        alive = _worker_alive(stack)
+    challenge = ["SIP/2.0 100 Trying", f"SIP/2.0 {CHALLENGE_CODE} Unauthorized"]
+    refusal = ["SIP/2.0 100 Trying", f"SIP/2.0 {REJECT_CODE} Forbidden"]
+    assert bare == challenge
+    # pjsua sends 100 Trying before the policy sees the INVITE: a final answer frees the slot.
+    assert wrong == refusal
+    silent_or_refused = [] if mode == "drop" else refusal
+    assert outsider == silent_or_refused
+    assert outsider_digest == silent_or_refused
+    assert blocked == silent_or_refused
+    assert alive
+
+
 # ---- 4. requests pjsua answers without asking the access policy ----------------------------
 
 
