@@ -288,6 +288,10 @@ class ReflexRig:
         """The brain sends any other tap event (``audio_clear``, a ``hello``) at ``at_s``."""
         self._push(at_s * 1000, "brain_event", event)
 
+    def brain_link(self, connected: bool, at_s: float) -> None:
+        """The brain connection goes down (or comes back up) at ``at_s``."""
+        self._push(at_s * 1000, "brain_link", connected)
+
     def _push(self, at_ms: float, kind: str, payload: object) -> None:
         heapq.heappush(self._queue, (at_ms, next(self._seq), kind, payload))
 
@@ -319,6 +323,10 @@ class ReflexRig:
                 self._brain_audio(item, pcm)
             elif kind == "brain_event":
                 self._record(self._engine_brain(cast(BrainEvent, payload)))
+            elif kind == "brain_link":
+                self.engine.set_brain_connected(bool(payload))
+                if self.engine.wants_poll:
+                    self._record(self._poll())
             elif kind == "mark":
                 assert isinstance(payload, str)
                 self._pending_marks.remove(payload)
@@ -425,7 +433,7 @@ class ReflexRig:
         if item is not None and item != self._last_played_item:
             self._last_played_item = item
             self._reply_started(item, start / LINE_RATE)
-        end = min(self.played.size, start + pcm.size)
+        end = max(start, min(self.played.size, start + pcm.size))  # past the rig's end: kept out
         self.played[start:end] = pcm[: end - start]
         self.played_item[start:end] = [item] * (end - start)
         self._provider_end = start + pcm.size
