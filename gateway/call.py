@@ -57,7 +57,7 @@ from gateway.media_engine import (
 from gateway.metrics import GatewayMetrics
 from gateway.reflex import ReflexLoop
 from gateway.tap_client import TapClient
-from gateway.tool_registry import ToolOutcome, ToolRegistry
+from gateway.tool_registry import ToolOutcome, ToolRegistry, check_schemas_paced
 from media.echo_gate import EchoGate, EchoGateConfig
 from media.formats import samples_to_ms
 from media.pacer import Pacer
@@ -477,6 +477,7 @@ class Call:
             task.add_done_callback(self._tool_tasks.discard)
         elif isinstance(event, ToolsUpdate):
             self.tools = event
+            await check_schemas_paced(event)
             invalid = self.tool_registry.update_catalog(event)
             if invalid:
                 self._metrics.bad_messages.labels("brain", "invalid_tool_schema").inc(len(invalid))

@@ -64,6 +64,7 @@ from gateway.reflex import (
     WakePacer,
 )
 from media.formats import FRAME_MS, MediaFormat
+from media.ingress_budget import CallerAudioBudget
 from media.narrowband import NarrowbandTap
 from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS, Pacer
 from media.playout import DEFAULT_MAX_MS, PlayoutBuffer
@@ -160,6 +161,8 @@ class MediaEngine:
     ) -> None:
         self.config = config
         self.inbound = InboundTransform(media_format)
+        #: What the caller may deliver: real time plus a burst (media.ingress_budget).
+        self.caller_budget = CallerAudioBudget()
         self.outbound = OutboundTransform(media_format)
         # What the reflex loop hears, each way: the wire's audio, on the wire side of
         # the resamplers, so that it waits for neither (media.narrowband).
@@ -218,6 +221,11 @@ class MediaEngine:
         return []
 
     def _on_audio(self, payload: bytes, now_ms: float) -> list[EngineCommand]:
+        duration_ms = self.inbound.wire_format.duration_ms(len(payload))
+        if not self.caller_budget.admit(duration_ms, now_ms):
+            # More than real time plus a burst: refused whole before any per-frame work,
+            # so one peer cannot take the event loop from the other calls.
+            return [BadInput("over_real_time")]
         try:
             pcm = self.inbound.decode(payload)
             bands = self.caller_band.push(pcm)

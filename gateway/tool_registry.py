@@ -20,6 +20,7 @@ or result content.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -51,6 +52,15 @@ DEFAULT_TOOL_TIMEOUT_MS = 5_000
 DEFAULT_RESULT_MAX_BYTES = 4_096
 #: Call ids remembered to enforce one answer per id (bounded for long calls).
 MAX_REMEMBERED_CALL_IDS = 256
+#: Tools one catalog may hold: OpenAI's limit on a request's ``tools`` ("a max of
+#: 128 functions are supported", API reference), which the realtime brain passes
+#: on. Later ones are left out, counted as invalid.
+MAX_CATALOG_TOOLS = 128
+#: Distinct tool schemas whose meta-schema check is remembered, process-wide. The
+#: check costs ~2 ms a schema (jsonschema, Draft 2020-12, measured on the 2-core
+#: VM): every call of a deployment sends the same catalog, and a brain that
+#: resends it on reconnect should not pay again. Seed decision.
+SCHEMA_CHECKS_REMEMBERED = 1_024
 #: Longest validation message returned to the brain. Seed decision: enough for
 #: jsonschema's messages, bounded because they quote the offending value.
 MAX_ERROR_CHARS = 300
@@ -131,6 +141,46 @@ def _validation_message(validator: Any, args: Mapping[str, Any]) -> str | None:
     return f"{where}: {message}"
 
 
+#: Verdicts by the SHA-256 of the schema's canonical JSON (32 bytes an entry: a
+#: brain sending large distinct schemas cannot grow this by their size).
+_schema_checks: OrderedDict[bytes, bool] = OrderedDict()
+
+
+def _schema_key(parameters: Mapping[str, Any]) -> bytes:
+    text = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).digest()
+
+
+def schema_is_valid(parameters: Mapping[str, Any]) -> bool:
+    """Whether ``parameters`` is a valid JSON Schema (Draft 2020-12), remembered by content."""
+    key = _schema_key(parameters)
+    known = _schema_checks.get(key)
+    if known is not None:
+        _schema_checks.move_to_end(key)
+        return known
+    try:
+        Draft202012Validator.check_schema(parameters)
+        valid = True
+    except SchemaError:
+        valid = False
+    _schema_checks[key] = valid
+    while len(_schema_checks) > SCHEMA_CHECKS_REMEMBERED:
+        _schema_checks.popitem(last=False)
+    return valid
+
+
+async def check_schemas_paced(update: ToolsUpdate) -> None:
+    """Check every new schema of ``update`` one per event-loop turn (each ~2 ms).
+
+    Unpaced, a catalog of 120 tools held the loop 2.2 s, and every call's audio
+    with it (issue 14, finding 1). Paced, another call waits at most one check.
+    """
+    for tool in update.tools[:MAX_CATALOG_TOOLS]:
+        if _schema_key(tool.parameters) not in _schema_checks:
+            schema_is_valid(tool.parameters)
+            await asyncio.sleep(0)
+
+
 class ToolRegistry:
     """One call's tool registry: the brain's catalog, the gateway's implementations, budgets.
 
@@ -165,13 +215,16 @@ class ToolRegistry:
         return tuple(self._catalog)
 
     def update_catalog(self, update: ToolsUpdate) -> list[str]:
-        """Replace the catalog; return the names dropped for an invalid JSON Schema."""
+        """Replace the catalog; return the names left out (an invalid JSON Schema, or
+        past :data:`MAX_CATALOG_TOOLS`).
+
+        The schema checks are synchronous: call :func:`check_schemas_paced` first
+        on the event loop, so each check runs in its own loop turn.
+        """
         catalog: dict[str, Any] = {}
         invalid: list[str] = []
-        for tool in update.tools:
-            try:
-                Draft202012Validator.check_schema(tool.parameters)
-            except SchemaError:
+        for index, tool in enumerate(update.tools):
+            if index >= MAX_CATALOG_TOOLS or not schema_is_valid(tool.parameters):
                 invalid.append(tool.name)
                 continue
             catalog[tool.name] = BrainSchemaValidator(tool.parameters)

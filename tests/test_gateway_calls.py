@@ -630,3 +630,29 @@ async def test_a_call_ends_even_if_a_task_swallows_its_cancellation(
         await ws.close()
         await eventually(lambda: not gw.state.calls, 10)
     assert swallowed == [True]
+
+
+async def test_audio_beyond_real_time_is_refused_before_it_costs_the_loop(
+    gateway: RunningGateway, speech_pcm: bytes
+) -> None:
+    # Issue 14, finding 1: one 64 KiB payload (8 s of audio) held the event loop ~200 ms;
+    # two a second took an honest call from 0 gaps to 16.
+    ws, stream_sid, _ = await start_stream(gateway)
+    await eventually(lambda: len(gateway.state.calls) == 1)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for seq in range(4):
+        await ws.send(media_message(stream_sid, 2 + seq, 1 + seq, 0, b"\xff" * 64 * 1024))
+    await eventually(
+        lambda: (
+            gateway.metric("rutster_bad_messages_total", source="provider", reason="over_real_time")
+            == 4
+        )
+    )
+    assert loop.time() - started < 1.0
+    (call,) = gateway.state.calls.values()
+    assert call.engine.frames_in == 0  # refused before any per-frame work
+    # The call keeps flowing: real-time speech still comes back.
+    await send_speech(ws, stream_sid, speech_pcm[: 8000 * 2])
+    assert await received_media(ws, 1.0) > 20
+    await ws.close()

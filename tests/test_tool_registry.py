@@ -9,7 +9,13 @@ import pytest
 
 from brains.tap import FunctionCall, ToolSpec, ToolStatus, ToolsUpdate
 from brains.tool_catalog import HANGUP_TOOL, TOOL_CATALOG, TRANSFER_TOOL, parse_tool_list
-from gateway.tool_registry import ToolLimits, ToolOutcome, ToolRegistry
+from gateway.tool_registry import (
+    MAX_CATALOG_TOOLS,
+    ToolLimits,
+    ToolOutcome,
+    ToolRegistry,
+    check_schemas_paced,
+)
 from gateway.transfer_allowlist import TransferAllowlist, normalize_destination
 
 
@@ -195,3 +201,59 @@ async def test_brain_schema_patterns_are_not_evaluated() -> None:
     reg.update_catalog(ToolsUpdate((evil,)))
     out, _ = await reg.dispose(FunctionCall("c1", "hangup", {"reason": "a" * 60 + "!"}))
     assert out.status is ToolStatus.OK
+
+
+# ---- cost of a catalog (issue 14, finding 1) ------------------------------------------
+
+
+def _many_tools(n: int, salt: str) -> ToolsUpdate:
+    """``n`` tools, each with its own schema (nothing remembered helps)."""
+    return ToolsUpdate(
+        tuple(
+            ToolSpec(
+                f"t{i}",
+                "d",
+                {
+                    "type": "object",
+                    "properties": {f"{salt}{i}_{k}": {"type": "string"} for k in range(10)},
+                },
+            )
+            for i in range(n)
+        )
+    )
+
+
+def test_a_catalog_keeps_at_most_max_catalog_tools() -> None:
+    reg = registry()
+    update = _many_tools(MAX_CATALOG_TOOLS + 5, "cap")
+    left_out = reg.update_catalog(update)
+    assert len(reg.catalog) == MAX_CATALOG_TOOLS
+    assert left_out == [t.name for t in update.tools[MAX_CATALOG_TOOLS:]]
+
+
+async def test_checking_a_large_catalog_never_holds_the_loop() -> None:
+    # Unpaced, 120 tools held the loop 2.2 s. Paced, the longest hold is one check.
+    update = _many_tools(MAX_CATALOG_TOOLS, "paced")
+    gaps: list[float] = []
+    done = False
+
+    async def ticker() -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while not done:
+            await asyncio.sleep(0)
+            now = loop.time()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    started = asyncio.get_running_loop().time()
+    await check_schemas_paced(update)
+    took = asyncio.get_running_loop().time() - started
+    done = True
+    await tick
+    reg = registry()
+    assert reg.update_catalog(update) == []  # all remembered: no check left to do
+    assert took > 20 * max(gaps), (took, max(gaps))  # the work was spread over many turns
+    assert max(gaps) < 0.1
