@@ -48,7 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.config import GatewayConfig
     from gateway.env_values import ConfigError
-    from gateway.server import listen_socket, serve, uvicorn_config
+    from gateway.server import listen_socket, raise_open_file_limit, serve, uvicorn_config
 
     _setup_logging(args.log_level)
     try:
@@ -69,6 +69,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = uvicorn.Server(
         uvicorn_config(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
     )
+    raise_open_file_limit()
     logging.getLogger("gateway.cli").info("listening on http://%s:%d", args.host, args.port)
     return serve(server, sock)
 

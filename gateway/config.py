@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.env_values import ConfigError, env_bool, env_float, env_int, read_secret
+from gateway.http_guard import DEFAULT_MAX_PER_SOURCE
 from gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES, MediaEngineConfig
 from gateway.reflex import (
     CONFIRM_MS,
@@ -118,6 +119,8 @@ class GatewayConfig:
     stream_secret_generated: bool = True
     playout_max_ms: int = DEFAULT_MAX_MS
     pacer_lead_ms: int = int(DEFAULT_LEAD_MS)
+    #: HTTP connections one source IP may hold (gateway/http_guard.py; 0: no cap).
+    http_max_per_source: int = DEFAULT_MAX_PER_SOURCE
     pacer_start_ms: int = int(DEFAULT_START_MS)
     mark_every_frames: int = DEFAULT_MARK_EVERY_FRAMES
     brain_grace_ms: int = DEFAULT_BRAIN_GRACE_MS
@@ -256,6 +259,9 @@ class GatewayConfig:
             stream_secret_generated=secret is None,
             playout_max_ms=env_int(env, "RUTSTER_PLAYOUT_MAX_MS", DEFAULT_MAX_MS, minimum=20),
             pacer_lead_ms=env_int(env, "RUTSTER_PACER_LEAD_MS", int(DEFAULT_LEAD_MS)),
+            http_max_per_source=env_int(
+                env, "RUTSTER_HTTP_MAX_PER_SOURCE", DEFAULT_MAX_PER_SOURCE, minimum=0
+            ),
             pacer_start_ms=env_int(env, "RUTSTER_PACER_START_MS", int(DEFAULT_START_MS)),
             mark_every_frames=env_int(
                 env, "RUTSTER_MARK_EVERY_FRAMES", DEFAULT_MARK_EVERY_FRAMES, minimum=1

@@ -99,6 +99,13 @@ class GatewayMetrics:
             ["source"],
             registry=r,
         )
+        self.http_connections_closed = Counter(
+            "rutster_http_connections_closed",
+            "HTTP connections the gateway closed: a header or body deadline passed, "
+            "or one source held too many (gateway/http_guard.py)",
+            ["reason"],
+            registry=r,
+        )
         self.bad_messages = Counter(
             "rutster_bad_messages",
             "Malformed or out-of-protocol messages dropped or refused",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.call import Call
 from gateway.call_trail import CallTrail
 from gateway.config import GatewayConfig
+from gateway.http_guard import HttpGuardStats
 from gateway.metrics import GatewayMetrics
 from gateway.stream_claims import StreamClaims
 from trunk.call_control import ProviderCallControl
@@ -49,6 +50,8 @@ class GatewayState:
     recent_trails: OrderedDict[str, CallTrail] = field(default_factory=OrderedDict)
     redis: Redis | None = None
     embedded_redis: EmbeddedRedis | None = None
+    #: Set by gateway.server.uvicorn_config: what the HTTP guard closed, and live counts.
+    http_guard: HttpGuardStats | None = None
     spend_store: SpendStore | None = None
     spend_gate: SpendGate | None = None
     api_keys: ApiKeyStore | None = None
