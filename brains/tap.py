@@ -375,22 +375,24 @@ def _req_str(
     return value
 
 
+def _is_id(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
+
+
 def _req_id(obj: Mapping[str, Any], msg_type: str, key: str) -> str:
     """A non-empty id of at most MAX_ID_CHARS characters."""
     value = obj.get(key)
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
+    if not _is_id(value):
         _field_error(msg_type, "", key, f"a string of 1..{MAX_ID_CHARS} characters")
-    return value
+    return str(value)
 
 
 def _opt_id(obj: Mapping[str, Any], msg_type: str, key: str) -> str | None:
-    """A nullable id: absent or null reads as None; else 1..MAX_ID_CHARS characters."""
+    """A nullable id: absent or null reads as None; else as :func:`_req_id`."""
     value = obj.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
+    if value is not None and not _is_id(value):
         _field_error(msg_type, "", key, f"null or a string of 1..{MAX_ID_CHARS} characters")
-    return value
+    return None if value is None else str(value)
 
 
 def _opt_str(obj: Mapping[str, Any], msg_type: str, key: str) -> str | None:
