@@ -95,7 +95,7 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
     settings = state.config.spend
     url = settings.redis_url
     if url is None:
-        embedded = EmbeddedRedis(settings.data_dir / "redis")
+        embedded = EmbeddedRedis(settings.data_dir / "redis", stop_with_parent=True)
         # Spawned on this thread, which lives as long as the process: the server
         # is told to stop when the thread that started it ends (EmbeddedRedis.spawn).
         embedded.spawn()

@@ -128,11 +128,15 @@ class EmbeddedRedis:
         *,
         port: int | None = None,
         maxmemory: str = DEFAULT_MAXMEMORY,
+        stop_with_parent: bool = False,
     ) -> None:
         # Absolute: redis-server changes into --dir before it opens its log file.
         self.data_dir = Path(data_dir).resolve()
         self.port = port or _free_port()
         self.maxmemory = maxmemory
+        # The gateway's own server stops with it (see spawn); off for the servers
+        # tests start, kill and restart from any thread.
+        self.stop_with_parent = stop_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock: int | None = None
 
@@ -164,11 +168,12 @@ class EmbeddedRedis:
     def spawn(self) -> None:
         """Run the server process (no-op if running), without waiting for it.
 
-        On Linux the server is asked to stop (SIGTERM: it flushes its
-        append-only file) when the thread that spawned it ends, which is when
-        its gateway dies however it dies (SIGKILL, a crash): no orphaned
-        server keeps the data folder and a port. Spawn from a thread that lives
-        as long as the process (the event loop's).
+        With ``stop_with_parent`` (the gateway's own server), on Linux the
+        server is asked to stop (SIGTERM: it flushes its append-only file) when
+        the thread that spawned it ends, which is when its gateway dies however
+        it dies (SIGKILL, a crash): no orphaned server keeps the data folder
+        and a port. Spawn it from a thread that lives as long as the process
+        (the event loop's).
         """
         if self.running:
             return
@@ -195,7 +200,8 @@ class EmbeddedRedis:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                preexec_fn=_stop_with_parent(),  # one prctl call: see _stop_with_parent
+                # One prctl call: see _stop_with_parent.
+                preexec_fn=_stop_with_parent() if self.stop_with_parent else None,
             )
         except OSError as exc:
             self._release_lock()
