@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import IO
 
 #: How long a freshly spawned process may take to start listening.
 READY_TIMEOUT_S = 20.0
@@ -94,17 +96,24 @@ def spawn(
     host: str = LOOPBACK,
     quiet: bool = True,
     health_path: str | None = None,
+    stderr_path: str | None = None,
 ) -> Service:
     """Run ``python -m gateway.cli ARGS`` and wait until it listens on ``port``.
 
     With ``health_path``, wait until ``GET health_path`` answers 2xx instead.
+    With ``stderr_path``, the process's stderr (its log) goes to that file.
     """
     full_env = dict(os.environ)
     full_env.update(env or {})
     out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", *args], env=full_env, stdout=out, stderr=out
-    )
+    with contextlib.ExitStack() as files:
+        err: int | IO[bytes] | None = out
+        if stderr_path is not None:
+            # The child has its own copy of the descriptor; ours closes once it is spawned.
+            err = files.enter_context(open(stderr_path, "ab"))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", *args], env=full_env, stdout=out, stderr=err
+        )
     try:
         if health_path is None:
             wait_listening(host, port, READY_TIMEOUT_S, proc)
@@ -158,9 +167,14 @@ def realtime_brain_process(
 
 @contextmanager
 def gateway_process(
-    env: Mapping[str, str], port: int | None = None, *, quiet: bool = True
+    env: Mapping[str, str],
+    port: int | None = None,
+    *,
+    quiet: bool = True,
+    stderr_path: str | None = None,
 ) -> Iterator[Service]:
-    """The gateway (``rutster serve``) under uvicorn in its own process."""
+    """The gateway (``rutster serve``) under uvicorn in its own process (its log, at
+    level warning, to ``stderr_path`` when given)."""
     port = port or free_port()
     with tempfile.TemporaryDirectory(prefix="rutster-gateway-") as data_dir:
         service = spawn(
@@ -174,6 +188,7 @@ def gateway_process(
             },
             quiet=quiet,
             health_path="/healthz",
+            stderr_path=stderr_path,
         )
         try:
             yield service

@@ -21,6 +21,8 @@ a stall are not judged, and the delay it left is added to what may last.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from trunk.twilio.simulator import SimulatedCallResult, best_lag_correlation, echo_windows
 
 #: Correlation a window of echoed speech must reach (μ-law both ways and two
@@ -61,10 +63,25 @@ def transient_steps_only(
     return None
 
 
-def assert_echo_intact(
+@dataclass(frozen=True)
+class EchoJudgement:
+    """One echo call judged: what is wrong (None: intact) and the figures behind it."""
+
+    problem: str | None
+    #: Round trip at the start of the call (samples at 8 kHz); 0 when nothing was judged.
+    lag_samples: int
+    #: Correlation of the judged windows (not those around a simulator stall).
+    correlations: tuple[float, ...]
+    #: Last good window's delay minus the first's (samples): a lasting latency step.
+    step_samples: int
+    #: Gaps heard that were not the simulator's own stalls.
+    gaps: int
+
+
+def judge_echo(
     sent: bytes, result: SimulatedCallResult, *, gaps_allowed: bool = False
-) -> int:
-    """Assert ``result`` heard ``sent`` echoed whole; return the round trip (samples)."""
+) -> EchoJudgement:
+    """Judge whether ``result`` heard ``sent`` echoed whole (see the module docstring)."""
     sent = sent[:-END_TRIM_BYTES]
     _, base_lag = best_lag_correlation(sent[:START_BYTES], result.heard_pcm)
     windows = echo_windows(sent, result, base_lag_samples=base_lag)
@@ -75,20 +92,33 @@ def assert_echo_intact(
         for w in windows
     )
     detail = f"windows [{summary}]; sim stalls {result.harness_stalls}; gaps {result.gaps}"
-    assert judged, f"no window could be judged: {detail}"
+    gaps = [
+        (at, ms)
+        for at, ms in result.gaps
+        if not any(
+            abs(at - stall_at) <= STALL_GAP_MARGIN_MS + ms for stall_at, _ in result.harness_stalls
+        )
+    ]
+    if not judged:
+        return EchoJudgement(f"no window could be judged: {detail}", 0, (), 0, len(gaps))
+    good = [w.lag_samples for w in judged if w.correlation >= MIN_WINDOW_CORRELATION]
+    step = good[-1] - good[0] if good else 0
+    correlations = tuple(w.correlation for w in judged)
     harness_delay = round(sum(ms for _, ms in result.harness_stalls) * 8)
     problem = transient_steps_only(
         [(w.correlation, w.lag_samples) for w in judged], MAX_LASTING_STEP_SAMPLES + harness_delay
     )
-    assert problem is None, f"{problem}: {detail}"
-    if not gaps_allowed:
-        gaps = [
-            (at, ms)
-            for at, ms in result.gaps
-            if not any(
-                abs(at - stall_at) <= STALL_GAP_MARGIN_MS + ms
-                for stall_at, _ in result.harness_stalls
-            )
-        ]
-        assert not gaps, f"gaps heard: {detail}"
-    return judged[0].lag_samples
+    if problem is not None:
+        problem = f"{problem}: {detail}"
+    elif gaps and not gaps_allowed:
+        problem = f"gaps heard: {detail}"
+    return EchoJudgement(problem, judged[0].lag_samples, correlations, step, len(gaps))
+
+
+def assert_echo_intact(
+    sent: bytes, result: SimulatedCallResult, *, gaps_allowed: bool = False
+) -> int:
+    """Assert ``result`` heard ``sent`` echoed whole; return the round trip (samples)."""
+    judgement = judge_echo(sent, result, gaps_allowed=gaps_allowed)
+    assert judgement.problem is None, judgement.problem
+    return judgement.lag_samples
