@@ -29,7 +29,7 @@ from urllib.parse import urlencode
 from brains.tap import MAX_AUDIO_OUT_SAMPLES, MAX_ID_CHARS, MAX_MESSAGE_BYTES
 from trunk.twilio.codec import MAX_MEDIA_PAYLOAD_BYTES, MAX_MESSAGE_CHARS
 from trunk.twilio.routes import MAX_WEBHOOK_BODY_BYTES
-from trunk.twilio.simulator import signed_headers
+from trunk.twilio.simulator import signed_headers, start_message
 
 __all__ = [
     "Frame",
@@ -62,6 +62,17 @@ DEEP_NESTING = 20_000
 _ODD_PAYLOAD_BYTES = (0, 1, 161, 4096, MAX_MEDIA_PAYLOAD_BYTES, MAX_MEDIA_PAYLOAD_BYTES + 1)
 
 _CONTROL = "\x00\x01\x0b\x1b\r\n\u2028\u202e"
+
+
+@dataclass
+class Sequence:
+    """A session's next sequence number, shared by the message makers of one session."""
+
+    n: int
+
+
+#: A message maker's weight and the maker (a fresh message each call).
+Kind = tuple[float, Callable[[], dict[str, Any]]]
 
 
 class Mutator:
@@ -145,6 +156,20 @@ class Mutator:
             a, b = r.choice(keys), r.choice(keys)
             target[a], target[b] = target[b], target[a]
 
+    def draw(self, kinds: list[Kind], messages: int, seq: Sequence) -> list[Frame]:
+        """``messages`` frames, each made by a kind drawn by weight, some mutated."""
+        weights = [w for w, _ in kinds]
+        makers = [k for _, k in kinds]
+        frames: list[Frame] = []
+        for _ in range(messages):
+            (make,) = self.rng.choices(makers, weights)
+            message = make()
+            if self.rng.random() < MUTATE_PROBABILITY:
+                message = self.mutate(message)
+            frames.append(self.serialise(message))
+            seq.n += 1
+        return frames
+
     def serialise(self, obj: Any) -> Frame:
         """``obj`` as JSON text, sometimes corrupted at the byte level."""
         text = json.dumps(obj, separators=(",", ":"))
@@ -210,30 +235,18 @@ def twilio_session(
     """
     mut = Mutator(rng)
     frames: list[Frame] = [json.dumps({"event": "connected", "protocol": "Call", "version": "1"})]
-    start: dict[str, Any] = {
-        "event": "start",
-        "sequenceNumber": "1",
-        "streamSid": stream_sid,
-        "start": {
-            "accountSid": account_sid,
-            "streamSid": stream_sid,
-            "callSid": call_sid,
-            "tracks": ["inbound"],
-            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
-            "customParameters": dict(parameters),
-        },
-    }
+    start: dict[str, Any] = json.loads(start_message(stream_sid, call_sid, account_sid, parameters))
     if rng.random() < 0.1:
         frames.append(mut.serialise(_media(stream_sid, 1, rng.randbytes(160))))
     frames.append(mut.serialise(mut.mutate(start) if rng.random() < 0.25 else start))
-    seq = 2
-    kinds: list[tuple[float, Callable[[], dict[str, Any]]]] = [
-        (0.45, lambda: _media(stream_sid, seq, rng.randbytes(160))),
+    seq = Sequence(2)
+    kinds: list[Kind] = [
+        (0.45, lambda: _media(stream_sid, seq.n, rng.randbytes(160))),
         (
             0.08,
             lambda: _media(
                 stream_sid,
-                seq,
+                seq.n,
                 rng.randbytes(rng.choice(_ODD_PAYLOAD_BYTES)),
             ),
         ),
@@ -241,7 +254,7 @@ def twilio_session(
             0.1,
             lambda: {
                 "event": "mark",
-                "sequenceNumber": str(seq),
+                "sequenceNumber": str(seq.n),
                 "streamSid": stream_sid,
                 "mark": {"name": rng.choice(("m1", "0", str(rng.randrange(10**9)), mut.text()))},
             },
@@ -250,24 +263,17 @@ def twilio_session(
             0.1,
             lambda: {
                 "event": "dtmf",
-                "sequenceNumber": str(seq),
+                "sequenceNumber": str(seq.n),
                 "streamSid": stream_sid,
                 "dtmf": {"track": "inbound_track", "digit": rng.choice("0123456789*#ABCDx")},
             },
         ),
-        (0.05, lambda: {"event": "stop", "sequenceNumber": str(seq), "streamSid": stream_sid}),
+        (0.05, lambda: {"event": "stop", "sequenceNumber": str(seq.n), "streamSid": stream_sid}),
         (0.05, lambda: dict(start)),
-        (0.07, lambda: {"event": mut.text()[:80], "sequenceNumber": str(seq)}),
+        (0.07, lambda: {"event": mut.text()[:80], "sequenceNumber": str(seq.n)}),
         (0.1, lambda: {"event": rng.choice(("media", "mark", "dtmf", "stop", "start"))}),
     ]
-    weights = [w for w, _ in kinds]
-    for _ in range(messages):
-        (make,) = rng.choices([k for _, k in kinds], weights)
-        message = make()
-        if rng.random() < MUTATE_PROBABILITY:
-            message = mut.mutate(message)
-        frames.append(mut.serialise(message))
-        seq += 1
+    frames += mut.draw(kinds, messages, seq)
     if rng.random() < 0.05:
         frames.append("x" * (MAX_MESSAGE_CHARS + 1))
     return frames
@@ -412,10 +418,10 @@ def _pcm_b64(rng: random.Random, samples: int) -> str:
 def tap_session(rng: random.Random, messages: int) -> list[Frame]:
     """What a hostile brain sends after the core's ``hello``: mostly mutated v1 events."""
     mut = Mutator(rng)
-    seq = 0
+    seq = Sequence(0)
 
     def env(msg_type: str, **body: Any) -> dict[str, Any]:
-        return {"v": 1, "type": msg_type, "seq": seq, "ts": seq * 20, **body}
+        return {"v": 1, "type": msg_type, "seq": seq.n, "ts": seq.n * 20, **body}
 
     def audio() -> dict[str, Any]:
         samples = rng.choice((1, 2, 480, 480, 480, 4800, MAX_AUDIO_OUT_SAMPLES))
@@ -436,7 +442,7 @@ def tap_session(rng: random.Random, messages: int) -> list[Frame]:
             ),
         }
 
-    kinds: list[tuple[float, Callable[[], dict[str, Any]]]] = [
+    kinds: list[Kind] = [
         (0.45, audio),
         (0.07, lambda: env("audio_clear")),
         (
@@ -473,7 +479,6 @@ def tap_session(rng: random.Random, messages: int) -> list[Frame]:
         (0.07, lambda: env(mut.text()[:60])),
         (0.05, lambda: env(rng.choice(("audio_out", "function_call", "usage")))),
     ]
-    weights = [w for w, _ in kinds]
     frames: list[Frame] = []
     if rng.random() < 0.85:
         frames.append(
@@ -486,14 +491,8 @@ def tap_session(rng: random.Random, messages: int) -> list[Frame]:
                 )
             )
         )
-        seq += 1
-    for _ in range(messages):
-        (make,) = rng.choices([k for _, k in kinds], weights)
-        message = make()
-        if rng.random() < MUTATE_PROBABILITY:
-            message = mut.mutate(message)
-        frames.append(mut.serialise(message))
-        seq += 1
+        seq.n += 1
+    frames += mut.draw(kinds, messages, seq)
     if rng.random() < 0.05:
         frames.append("y" * (MAX_MESSAGE_BYTES + 1))
     return frames

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -67,6 +68,7 @@ from bench.fuzz_messages import (
     webhook_request,
 )
 from gateway.launcher import LOOPBACK, Service, echo_brain_process, free_port, gateway_process
+from media.pacer import DEFAULT_LEAD_MS
 from tests.echo_checks import EchoJudgement, judge_echo
 from trunk.twilio.simulator import (
     SimulatedCallResult,
@@ -95,6 +97,9 @@ HANG_S = 15.0
 SETTLE_S = 30.0
 #: RSS samples taken during the attack (one per equal slice of it).
 RSS_SAMPLES = 4
+#: Pacer lateness thresholds shown (s; buckets of gateway/metrics.py): half a frame, a
+#: frame, past the 40 ms start allowance, and far past it.
+LATENESS_SHOWN_S = (0.01, 0.02, 0.05, 0.1)
 #: Server errors kept verbatim in the report (the count is kept whole).
 MAX_ERRORS_KEPT = 20
 #: Fuzz workers per family, and the fewest seconds each worker spends per session
@@ -127,6 +132,9 @@ class FuzzTally:
     answers: Counter[str] = field(default_factory=Counter)
     server_errors: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Most audio the provider side held unplayed on any call with a hostile brain
+    #: (ms): the pacer's lead bound must hold whatever the brain sends.
+    max_tap_queue_ms: float = 0.0
 
     def error(self, what: str) -> None:
         """Count one server error (5xx, close 1011, a hang) and keep its description."""
@@ -142,6 +150,7 @@ class FuzzTally:
                 "answers": dict(self.answers),
                 "server_errors": self.server_errors,
                 "errors": self.errors,
+                "max_tap_queue_ms": self.max_tap_queue_ms,
             }
         )
 
@@ -150,7 +159,11 @@ class FuzzTally:
         """Read :meth:`to_json`'s output back."""
         raw = json.loads(text)
         return cls(
-            Counter(raw["sent"]), Counter(raw["answers"]), raw["server_errors"], raw["errors"]
+            Counter(raw["sent"]),
+            Counter(raw["answers"]),
+            raw["server_errors"],
+            raw["errors"],
+            raw["max_tap_queue_ms"],
         )
 
 
@@ -336,6 +349,7 @@ async def _tap_call(target: FuzzTarget, rng: random.Random, tally: FuzzTally, pc
         tally.error("tap: a call with a hostile brain never ended")
         return
     tally.answers[f"tap call close {result.close_code}"] += 1
+    tally.max_tap_queue_ms = max(tally.max_tap_queue_ms, result.max_queue_ms)
     if result.close_code == 1011:
         tally.error(f"tap: the call's media socket closed 1011 {result.close_reason!r}")
 
@@ -495,6 +509,8 @@ class CampaignReport:
     calls_left: float
     #: The gateway's CPU time over the attack's wall time (1.0 = one core busy).
     gateway_cpu: float = 0.0
+    #: The fuzzing process's CPU time (start-up included) over the attack's wall time.
+    fuzzer_cpu: float = 0.0
     #: The gateway's /metrics at the end (for the figures below and for debugging).
     metrics_text: str = ""
 
@@ -514,11 +530,15 @@ class CampaignReport:
         )
         for e in f.errors + self.log_errors:
             print(f"  {e}")
+        print(
+            "most audio held unplayed at the provider on a call with a hostile brain: "
+            f"{f.max_tap_queue_ms:.0f} ms (the pacer's lead is {DEFAULT_LEAD_MS:.0f} ms)"
+        )
         top = ", ".join(f"{k} x{v}" for k, v in f.answers.most_common(12))
         print(f"most common answers: {top}")
         print(
             f"gateway CPU during the attack: {100 * self.gateway_cpu:.0f} % of one core "
-            "(mean over the attack)"
+            f"(mean over the attack; the fuzzing process: {100 * self.fuzzer_cpu:.0f} %)"
         )
         intact = sum(c.judgement.problem is None for c in self.honest)
         correlations = [x for c in self.honest for x in c.judgement.correlations]
@@ -539,6 +559,7 @@ class CampaignReport:
         for c in self.honest:
             if c.judgement.problem is not None:
                 print(f"  not intact: {c.judgement.problem[:300]}")
+        print(pacer_lateness_summary(self.metrics_text))
         print(
             f"gateway RSS: {self.before.rss_kib / 1024:.1f} MiB before the attack (after a "
             "warm-up call), "
@@ -550,6 +571,27 @@ class CampaignReport:
             f"calls still active after "
             f"{SETTLE_S:.0f} s: {self.calls_left:.0f}"
         )
+
+
+def pacer_lateness_summary(metrics_text: str) -> str:
+    """How late the gateway's pacers woke, over every call of the run (its event loop's
+    jitter as playout sees it), from ``rutster_pacer_lateness_seconds``."""
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "rutster_pacer_lateness_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                buckets[float(sample.labels["le"])] = sample.value
+    total = buckets.get(float("inf"), 0.0)
+    if not total:
+        return "pacer wake-ups: none recorded"
+    late = ", ".join(
+        f"> {le * 1000:g} ms: {total - n:.0f}"
+        for le, n in sorted(buckets.items())
+        if le in LATENESS_SHOWN_S
+    )
+    return f"pacer wake-ups, all calls of the run: {total:.0f}; later than {late}"
 
 
 async def _sample_rss(pid: int, seconds: float, out: list[int]) -> None:
@@ -681,9 +723,9 @@ async def run_campaign(
                 sampler = asyncio.create_task(_sample_rss(gateway.proc.pid, seconds, during))
                 cpu_before, wall_before = cpu_seconds(gateway.proc.pid), time.monotonic()
                 honest = await _honest_calls(url, token, pcm, time.monotonic() + seconds, seed)
-                cpu_share = (cpu_seconds(gateway.proc.pid) - cpu_before) / (
-                    time.monotonic() - wall_before
-                )
+                wall = time.monotonic() - wall_before
+                cpu_share = (cpu_seconds(gateway.proc.pid) - cpu_before) / wall
+                fuzzer_share = cpu_seconds(proc.pid) / wall
                 await sampler
                 out, _ = await asyncio.wait_for(proc.communicate(), 3 * HANG_S)
             if proc.returncode != 0:
@@ -713,6 +755,7 @@ async def run_campaign(
         after=after,
         calls_left=left,
         gateway_cpu=cpu_share,
+        fuzzer_cpu=fuzzer_share,
         metrics_text=metrics_text,
     )
 
