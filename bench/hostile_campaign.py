@@ -135,6 +135,9 @@ class FuzzTally:
     #: Most audio the provider side held unplayed on any call with a hostile brain
     #: (ms): the pacer's lead bound must hold whatever the brain sends.
     max_tap_queue_ms: float = 0.0
+    #: CPU time the fuzzing process used, start-up included (s; it reports it
+    #: itself: once it has exited, /proc no longer has it).
+    cpu_seconds: float = 0.0
 
     def error(self, what: str) -> None:
         """Count one server error (5xx, close 1011, a hang) and keep its description."""
@@ -151,6 +154,7 @@ class FuzzTally:
                 "server_errors": self.server_errors,
                 "errors": self.errors,
                 "max_tap_queue_ms": self.max_tap_queue_ms,
+                "cpu_seconds": self.cpu_seconds,
             }
         )
 
@@ -164,6 +168,7 @@ class FuzzTally:
             raw["server_errors"],
             raw["errors"],
             raw["max_tap_queue_ms"],
+            raw["cpu_seconds"],
         )
 
 
@@ -411,6 +416,7 @@ async def fuzz(
         await asyncio.gather(
             *(loop(family, i, client) for family in families for i in range(WORKERS[family][0]))
         )
+    tally.cpu_seconds = time.process_time()
     return tally
 
 
@@ -509,7 +515,7 @@ class CampaignReport:
     calls_left: float
     #: The gateway's CPU time over the attack's wall time (1.0 = one core busy).
     gateway_cpu: float = 0.0
-    #: The fuzzing process's CPU time (start-up included) over the attack's wall time.
+    #: The fuzzing process's CPU time (start-up included) over the attack's length.
     fuzzer_cpu: float = 0.0
     #: The gateway's /metrics at the end (for the figures below and for debugging).
     metrics_text: str = ""
@@ -725,12 +731,12 @@ async def run_campaign(
                 honest = await _honest_calls(url, token, pcm, time.monotonic() + seconds, seed)
                 wall = time.monotonic() - wall_before
                 cpu_share = (cpu_seconds(gateway.proc.pid) - cpu_before) / wall
-                fuzzer_share = cpu_seconds(proc.pid) / wall
                 await sampler
                 out, _ = await asyncio.wait_for(proc.communicate(), 3 * HANG_S)
             if proc.returncode != 0:
                 raise RuntimeError(f"the fuzzing process failed (exit {proc.returncode})")
             tally = FuzzTally.from_json(out.decode().strip().splitlines()[-1])
+            fuzzer_share = tally.cpu_seconds / seconds
             settle_until = time.monotonic() + SETTLE_S
             # Polled: the figure lives in another process.
             while (  # noqa: ASYNC110
