@@ -7,8 +7,9 @@ frame -> :class:`~media.transform.OutboundTransform` ->
 ``TwilioStreamCodec.encode`` of a ``media`` message. Both run over the speech
 fixture many times; each figure is the median of several runs, in µs per
 20 ms frame. The media part alone (no JSON, no base64) is shown too, and each
-figure side by side for soxr's steady engine (what calls use) and its block
-engine (cheaper, bursty).
+figure side by side for the three resampler engines (media/resample.py): the
+polyphase filter calls use, soxr's steady engine (what calls used before) and
+soxr's block engine (cheaper, bursty), with the delay each adds.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import soxr
 
 from media.formats import CANONICAL_FRAME_BYTES, TWILIO_MULAW_8K
 from media.g711 import ulaw_encode
-from media.resample import DEFAULT_QUALITY
+from media.resample import DEFAULT_ENGINE, DEFAULT_QUALITY, ResamplerEngine
 from media.transform import InboundTransform, OutboundTransform
 from trunk.events import AudioReceived, PlayAudio
 from trunk.twilio.codec import TwilioStreamCodec
@@ -90,11 +91,11 @@ def canonical_frames(speech_pcm: bytes) -> list[bytes]:
     return frames
 
 
-def run_inbound(messages: Sequence[str], *, steady: bool = True) -> None:
+def run_inbound(messages: Sequence[str], *, engine: ResamplerEngine = DEFAULT_ENGINE) -> None:
     """One call's inbound path: Twilio codec (JSON, base64) then the media transform."""
     codec = TwilioStreamCodec()
     codec.receive(START_MESSAGE)
-    process = InboundTransform(TWILIO_MULAW_8K, steady=steady).process
+    process = InboundTransform(TWILIO_MULAW_8K, engine=engine).process
     receive = codec.receive
     for text in messages:
         event = receive(text)
@@ -102,18 +103,20 @@ def run_inbound(messages: Sequence[str], *, steady: bool = True) -> None:
         process(event.payload)
 
 
-def run_inbound_media(payloads: Sequence[bytes], *, steady: bool = True) -> None:
+def run_inbound_media(
+    payloads: Sequence[bytes], *, engine: ResamplerEngine = DEFAULT_ENGINE
+) -> None:
     """One call's inbound media transform alone over raw μ-law ``payloads``."""
-    process = InboundTransform(TWILIO_MULAW_8K, steady=steady).process
+    process = InboundTransform(TWILIO_MULAW_8K, engine=engine).process
     for payload in payloads:
         process(payload)
 
 
-def run_outbound(frames: Sequence[bytes], *, steady: bool = True) -> None:
+def run_outbound(frames: Sequence[bytes], *, engine: ResamplerEngine = DEFAULT_ENGINE) -> None:
     """One call's outbound path: media transform then the Twilio codec's ``media`` message."""
     codec = TwilioStreamCodec()
     codec.receive(START_MESSAGE)
-    process = OutboundTransform(TWILIO_MULAW_8K, steady=steady).process
+    process = OutboundTransform(TWILIO_MULAW_8K, engine=engine).process
     encode = codec.encode
     for frame in frames:
         payload = process(frame)
@@ -121,9 +124,11 @@ def run_outbound(frames: Sequence[bytes], *, steady: bool = True) -> None:
             encode(PlayAudio(payload))
 
 
-def run_outbound_media(frames: Sequence[bytes], *, steady: bool = True) -> None:
+def run_outbound_media(
+    frames: Sequence[bytes], *, engine: ResamplerEngine = DEFAULT_ENGINE
+) -> None:
     """One call's outbound media transform alone over canonical ``frames``."""
-    process = OutboundTransform(TWILIO_MULAW_8K, steady=steady).process
+    process = OutboundTransform(TWILIO_MULAW_8K, engine=engine).process
     for frame in frames:
         process(frame)
 
@@ -163,21 +168,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert all(len(frame) == CANONICAL_FRAME_BYTES for frame in frames)
 
     options = {"runs": args.runs, "passes": args.passes}
-    figures: dict[bool, tuple[float, float, float, float]] = {}
-    for steady in (True, False):
-        figures[steady] = (
-            us_per_frame(partial(run_inbound, steady=steady), messages, **options),
-            us_per_frame(partial(run_inbound_media, steady=steady), payloads, **options),
-            us_per_frame(partial(run_outbound, steady=steady), frames, **options),
-            us_per_frame(partial(run_outbound_media, steady=steady), frames, **options),
+    figures: dict[ResamplerEngine, tuple[float, float, float, float]] = {}
+    engines = list(ResamplerEngine)
+    for engine in engines:
+        figures[engine] = (
+            us_per_frame(partial(run_inbound, engine=engine), messages, **options),
+            us_per_frame(partial(run_inbound_media, engine=engine), payloads, **options),
+            us_per_frame(partial(run_outbound, engine=engine), frames, **options),
+            us_per_frame(partial(run_outbound_media, engine=engine), frames, **options),
         )
-    inbound, _, outbound, _ = figures[True]
+    inbound, _, outbound, _ = figures[DEFAULT_ENGINE]
 
     print(
         f"python {platform.python_version()}, soxr {soxr.__version__} ({DEFAULT_QUALITY}), "
         f"{len(payloads)} frames x {args.passes} passes, median of {args.runs} runs"
     )
-    print("resampler engine:              steady (used)   block (peer, not used)")
+    heading = "".join(
+        f"{engine.value + (' (used)' if engine is DEFAULT_ENGINE else ''):>18}"
+        for engine in engines
+    )
+    print(f"µs per 20 ms frame            {heading}")
     labels = (
         "inbound: codec + transform",
         "  media part alone",
@@ -185,12 +195,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "  media part alone",
     )
     for i, label in enumerate(labels):
-        print(f"  {label:<28} {figures[True][i]:6.1f} µs     {figures[False][i]:6.1f} µs")
+        row = "".join(f"{figures[engine][i]:15.1f} µs" for engine in engines)
+        print(f"  {label:<28}{row}")
     print(f"inbound transform: {inbound:.1f} µs/frame (goal ≤ {INBOUND_GOAL_US:g})")
     print(f"outbound transform: {outbound:.1f} µs/frame (goal ≤ {OUTBOUND_GOAL_US:g})")
     print(
-        "  (the block engine is cheaper but releases ~60 ms bursts, which breaks 20 ms "
-        "pacing; see media/resample.py)"
+        "  delay each way at 8 <-> 24 kHz: polyphase 2.6 ms; soxr steady 30 ms in, 25 ms out; "
+        "soxr block 13-73 ms in ~60 ms bursts, which break 20 ms pacing (media/resample.py)"
     )
 
     met = inbound <= INBOUND_GOAL_US and outbound <= OUTBOUND_GOAL_US

@@ -72,6 +72,7 @@ from gateway.engine_rig import (
     on_the_line,
 )
 from gateway.reflex import PAUSE_ON, PAUSE_PROBABILITY, PauseOn, ReflexConfig
+from gateway.server import limit_numeric_threads
 
 #: Interruptions in a row per call (the issue: at least 10).
 INTERRUPTIONS_PER_CALL = 12
@@ -358,6 +359,7 @@ def main() -> None:
         help="WebRTC AEC3 in front of the echo gate (needs rutster[aec])",
     )
     args = parser.parse_args()
+    limit_numeric_threads()  # as rutster serve runs the engine
     global CONFIG, CANCELLER
     CANCELLER = args.echo_canceller
     CONFIG = ReflexConfig(pause_on=PauseOn(args.pause_on), pause_probability=args.pause_probability)

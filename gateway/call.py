@@ -199,9 +199,14 @@ class Call:
         self._failure_end: asyncio.Task[None] | None = None
         self.brain: BrainHello | None = None
         # Counters for the end-of-call log line and tests (Prometheus has the totals).
-        self.frames_to_brain = 0
+        self._frames_to_brain = 0
         self._underruns_reported = 0
         self._underrun_ms_reported = 0.0
+
+    @property
+    def frames_to_brain(self) -> int:
+        """Caller frames sent to the brain, the call's opening (held until it answered) too."""
+        return self._frames_to_brain + self.tap.opening_frames_sent
 
     # ---- lifecycle ----------------------------------------------------------
 
@@ -416,7 +421,7 @@ class Call:
         if engine.wants_poll:
             self._wake()
         if received:
-            self.frames_to_brain += sent
+            self._frames_to_brain += sent
             self._metrics.frames_in.inc(received)
             if sent:
                 self._metrics.frames_to_brain.inc(sent)

@@ -48,7 +48,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.config import GatewayConfig
     from gateway.env_values import ConfigError
-    from gateway.server import listen_socket, raise_open_file_limit, serve, uvicorn_config
+    from gateway.server import (
+        limit_numeric_threads,
+        listen_socket,
+        raise_open_file_limit,
+        serve,
+        uvicorn_config,
+    )
 
     _setup_logging(args.log_level)
     try:
@@ -70,6 +76,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         uvicorn_config(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
     )
     raise_open_file_limit()
+    limit_numeric_threads()
     logging.getLogger("gateway.cli").info("listening on http://%s:%d", args.host, args.port)
     return serve(server, sock)
 
@@ -188,7 +195,7 @@ def _print_call_report(report: dict[str, object]) -> None:
         f"(echo lag; correlation with what was said {report['correlation']:.3f})"
     )
     if first is not None:
-        print(f"  first media back after {float(str(first)):.0f} ms (starts with primed silence)")
+        print(f"  first media back after {float(str(first)):.0f} ms")
     print(
         f"  pacing                 max lead at Twilio {report['max_queue_ms']:.0f} ms, "
         f"inter-arrival jitter p99 {report['jitter_p99_ms']:.1f} ms, "

@@ -19,8 +19,10 @@ returns.
   ``audio_clear``, the brain's ``hello``) and returns notices for the driver
   (:class:`PlayoutOverflow`) and any tap events the reflex loop decided on.
 - :meth:`MediaEngine.poll` runs the pacer: it returns the provider commands
-  due by ``now`` (``clear`` first when one is pending, then audio frames,
-  marks, and the resampler's tail when playout runs dry).
+  due by ``now`` (``clear`` first when one is pending, then audio frames and
+  marks). Each 20 ms frame the pacer releases leaves as exactly 20 ms of wire
+  audio (the outbound transform's resampler holds 2.6 ms and never bursts), so
+  what the pacer counts is what the provider holds.
 - :meth:`MediaEngine.next_deadline` says when :meth:`poll` must run next
   absent new input, and :attr:`MediaEngine.wants_poll` says an input moved that
   deadline to *now* (new audio, a clear, a resume), so the driver wakes its pacer.
@@ -63,12 +65,12 @@ from gateway.reflex import (
     SpeechDetector,
     WakePacer,
 )
-from media.formats import FRAME_MS, MediaFormat
+from media.formats import MediaFormat
 from media.ingress_budget import CallerAudioBudget
 from media.narrowband import NarrowbandTap
 from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS, Pacer
 from media.playout import DEFAULT_MAX_MS, PlayoutBuffer
-from media.transform import OUTBOUND_DRAIN_FRAMES, InboundTransform, OutboundTransform
+from media.transform import InboundTransform, OutboundTransform
 from trunk.events import (
     AudioReceived,
     ClearPlayback,
@@ -82,7 +84,6 @@ from trunk.events import (
 
 __all__ = [
     "DEFAULT_MARK_EVERY_FRAMES",
-    "DRAIN_LEAD_MS",
     "BadInput",
     "BrainAudio",
     "BrainCommand",
@@ -92,15 +93,6 @@ __all__ = [
     "PlayoutOverflow",
 ]
 
-#: Release the outbound resampler's held tail (~25 ms, pushed out with silence: 40
-#: ms of wire audio) when the provider has this little left to play and nothing
-#: more is buffered: early enough that the tail arrives before the caller's queue
-#: runs dry, late enough that a brain which is merely a little late (echo: one
-#: frame at a time) is rarely cut by inserted silence. What the drain adds to the
-#: provider's queue is counted in the pacer and the ledger: uncounted, the pacer
-#: kept believing the queue nearly dry and drained again at the next jitter, and
-#: a real-time stream's delay grew by 40 ms each time (measured on SIP echo calls).
-DRAIN_LEAD_MS = 10.0
 #: Send a provider ``mark`` every N outbound frames (10 x 20 ms = 200 ms): enough to
 #: know what the caller has heard without doubling the message rate. Seed decision.
 DEFAULT_MARK_EVERY_FRAMES = 10
@@ -189,7 +181,6 @@ class MediaEngine:
         #: The brain may be cut by caller speech (its hello did not say otherwise).
         self.brain_interruptible = True
         self._clear_pending = False
-        self._tail_pending = False
         self._now = 0.0
         #: An input moved the next deadline to now: the driver should poll at once.
         self.wants_poll = False
@@ -316,13 +307,12 @@ class MediaEngine:
     # ---- the pacer -----------------------------------------------------------
 
     def poll(self, now_ms: float) -> list[IngressCommand]:
-        """The provider commands due by ``now_ms``: a pending clear, frames, marks, a tail."""
+        """The provider commands due by ``now_ms``: a pending clear, frames, marks."""
         self._now = now_ms
         self.wants_poll = False
         out: list[IngressCommand] = []
         if self._clear_pending:
             self._clear_pending = False
-            self._tail_pending = False  # the resampler was reset: nothing of the cut audio left
             out.append(ClearPlayback())
         reflex = self.reflex
         if reflex.paused:
@@ -344,23 +334,6 @@ class MediaEngine:
                 if self.frames_out % mark_every == 0:
                     self.marks_sent += 1
                     out.append(PlaceMark(str(self.frames_out)))
-            self._tail_pending = True
-        elif (
-            self._tail_pending
-            and self.playout.buffered_samples == 0
-            and pacer.lead_ms_now(now_ms) <= DRAIN_LEAD_MS
-        ):
-            # Playout is about to run dry: release the ~25 ms the resampler still holds,
-            # and count what it adds to the provider's queue (pacer and ledger alike).
-            self._tail_pending = False
-            wire = self.outbound.drain_pcm()
-            self._render(wire, now_ms)
-            tail = self.outbound.encode(wire)
-            tail_ms = self.outbound.wire_format.duration_ms(len(tail))
-            # The drain's silent frames delay the item if it goes on: owed, shed later.
-            pacer.extend(now_ms, tail_ms, inserted_ms=OUTBOUND_DRAIN_FRAMES * FRAME_MS)
-            reflex.ledger.extended(now_ms, tail_ms)
-            out.append(PlayAudio(tail))
         return out
 
     def _render(self, wire: bytes, now_ms: float) -> None:
@@ -379,9 +352,4 @@ class MediaEngine:
             return now
         if self.reflex.paused:
             return None
-        pacer = self.pacer
-        deadline = pacer.next_poll_ms(now)
-        if self._tail_pending and self.playout.buffered_samples == 0:
-            drain_at = pacer.queued_until_ms - DRAIN_LEAD_MS
-            deadline = drain_at if deadline is None else min(deadline, drain_at)
-        return deadline
+        return self.pacer.next_poll_ms(now)

@@ -4,13 +4,17 @@ The core dials the brain (ARCHITECTURE.md doctrine 3). This module owns the
 connection's life: dial, ``hello`` (``resume: true`` after a loss), read brain
 events, and reconnect with bounded backoff while the call stays up. Sending
 never blocks the caller's media path: when the brain is down or not reading,
-messages are dropped and counted rather than queued without bound.
+messages are dropped and counted rather than queued without bound, but for
+the call's opening: the caller's audio from before the brain first answers (at
+most :data:`OPENING_AUDIO_FRAMES`) waits, and is sent as soon as it does, so a
+caller who speaks on pickup is heard whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import get_args
 
@@ -52,6 +56,13 @@ TAP_CLOSE_TIMEOUT_S = 2.0
 WARN_LOG_LIMIT = 3
 #: RFC 6455 close code 1009: message too big.
 CLOSE_MESSAGE_TOO_BIG = 1009
+#: Caller frames kept from before the brain first answers, sent as soon as it does
+#: (500 ms; the oldest beyond are dropped, counted). A brain on the same host
+#: answers within a frame or two, one across the internet within a few hundred ms;
+#: the caller's first words are not lost meanwhile. Before the inbound resampler
+#: was a 2.6 ms filter, soxr's 30 ms of held audio did this by accident for a
+#: local brain. Seed decision.
+OPENING_AUDIO_FRAMES = 25
 
 
 class TapClient:
@@ -85,6 +96,10 @@ class TapClient:
         self._closing = False
         self._ever_connected = False
         self._warnings = 0
+        # Caller frames from before the brain first answered (see OPENING_AUDIO_FRAMES).
+        self._opening: deque[bytes] = deque()
+        #: Frames of the call's opening sent to the brain once it answered.
+        self.opening_frames_sent = 0
         self.connected_event = asyncio.Event()
         #: When the brain was last lost (or the call began), for the grace period.
         self.down_since_ms: float | None = clock_ms()
@@ -126,7 +141,14 @@ class TapClient:
         return True
 
     async def send_audio_in(self, pcm: bytes) -> bool:
-        """Send one 480-sample caller frame."""
+        """Send one 480-sample caller frame (held, before the brain first answers)."""
+        if self._conn is None and not self._ever_connected and not self._closing:
+            opening = self._opening
+            if len(opening) >= OPENING_AUDIO_FRAMES:
+                opening.popleft()
+                self._metrics.tap_send_drops.labels("audio_in").inc()
+            opening.append(pcm)
+            return False
         return await self.send(AudioIn(pcm), kind="audio_in")
 
     # ---- connection life ---------------------------------------------------
@@ -184,6 +206,11 @@ class TapClient:
             return
         self._conn = conn
         self._ever_connected = True
+        opening, self._opening = self._opening, deque()
+        for pcm in opening:
+            if await self.send(AudioIn(pcm), kind="audio_in"):
+                self.opening_frames_sent += 1
+                self._metrics.frames_to_brain.inc()
         self._backoff.reset()
         self.connections += 1
         self.down_since_ms = None

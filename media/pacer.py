@@ -7,10 +7,18 @@ caller hears the assistant at real time and a barge-in has at most ``lead_ms``
 of audio already out of the core's hands. Time is always passed in (ms, any
 monotonic origin); the pacer reads no clock.
 
+**Late audio is bridged.** When the provider's queue is about to run dry and
+nothing is buffered, the pacer sends :data:`BRIDGE_FRAMES` whole frames of
+silence (tagged with the item playing), once until audio comes again, so that
+audio a little late joins the queue behind them instead of finding it dry: the
+caller hears whole frames of silence, which the pacer wins back whole in the
+item's next pause, where a queue run dry leaves a fraction of a frame and a new
+start allowance on top.
+
 **Delay is won back.** Whenever the caller heard silence inside an item that
 the brain did not put there (the provider's queue ran dry because audio came
-late, the priming wait after it, the padding of a partial frame, the
-resampler's drained tail), everything after it plays that much later. The
+late, the priming wait after it, the padding of a partial frame, a bridge),
+everything after it plays that much later. The
 pacer counts that silence as *delay debt* for the item and pays it back by
 shedding whole frames of the same item that are silent (a pause in speech),
 so a stall costs one short gap instead of a latency step for the rest of the
@@ -28,6 +36,8 @@ from media.formats import FRAME_MS
 from media.playout import PlayoutBuffer, PlayoutFrame
 
 __all__ = [
+    "BRIDGE_FRAMES",
+    "BRIDGE_LEAD_MS",
     "DEFAULT_LEAD_MS",
     "DEFAULT_START_MS",
     "MAX_DELAY_DEBT_MS",
@@ -69,6 +79,18 @@ SHED_QUEUE_SLACK_MS = 5.0
 #: heard: a quarter frame, above asyncio's ~1 ms timer lateness at the planned wake
 #: when a partial frame is padded. Seed decision.
 LATE_POLL_MIN_MS = 5.0
+#: Silent frames sent at once to keep the provider's queue from running dry while the
+#: brain's audio is late (40 ms): what the outbound resampler's drain used to add when
+#: it released soxr's 25 ms tail with silence. Measured: it keeps the e2e echo calls'
+#: delay flat through a brain's restart, where a queue left to run dry lost fractions
+#: of a frame that stayed (tests/test_e2e_processes.py); one frame at a time left the
+#: queue 10 ms from the next bridge at every real-time frame. Seed decision.
+BRIDGE_FRAMES = 2
+#: A bridge frame leaves when the provider's queue holds this little (ms) and nothing
+#: is buffered: early enough to reach the provider before it runs dry, late enough
+#: that a brain merely a little late (echo: one frame at a time) is rarely bridged.
+#: The drain's lead, kept (seed decision).
+BRIDGE_LEAD_MS = 10.0
 
 
 class PacerState(StrEnum):
@@ -89,6 +111,9 @@ class Pacer:
 
     __slots__ = (
         "_arrived_at",
+        "_bridge_frames",
+        "_bridged",
+        "_bridges",
         "_buffer",
         "_debt_item",
         "_debt_ms",
@@ -106,6 +131,7 @@ class Pacer:
         "_shed_ms",
         "_silence_item",
         "_silence_ms",
+        "_silent_frame",
         "_start_ms",
         "_starved_at",
         "_starved_item",
@@ -123,9 +149,12 @@ class Pacer:
         lead_ms: float = DEFAULT_LEAD_MS,
         start_ms: float = DEFAULT_START_MS,
         frame_ms: int = FRAME_MS,
+        bridge_frames: int = BRIDGE_FRAMES,
     ) -> None:
-        if frame_ms <= 0 or lead_ms < 0 or start_ms < 0:
-            raise ValueError("frame_ms must be positive; lead_ms and start_ms not negative")
+        if frame_ms <= 0 or lead_ms < 0 or start_ms < 0 or bridge_frames < 0:
+            raise ValueError(
+                "frame_ms must be positive; lead_ms, start_ms and bridge_frames not negative"
+            )
         if buffer.frame_samples * 1000 != frame_ms * buffer.sample_rate:
             raise ValueError(
                 f"frame_ms={frame_ms} does not match the buffer's frames of "
@@ -154,12 +183,18 @@ class Pacer:
         self._pending_debt_item: str | None = None
         self._resume_item: str | None = None
         self._shed_ms = 0.0
-        # Silence sent while the buffer was empty (a drained tail, a padded frame): it
+        # Silence sent while the buffer was empty (a padded frame): it
         # delays the item only by as much as it was still playing when audio came back.
         self._silence_ms = 0.0
         self._silence_item: str | None = None
         self._was_empty = True
         self._arrived_at = 0.0
+        # Bridge frames sent at once; whether they were since the last frame of
+        # audio; how many in all.
+        self._bridge_frames = bridge_frames
+        self._bridged = False
+        self._bridges = 0
+        self._silent_frame = bytes(buffer.frame_samples * 2)
         #: Frames the last :meth:`poll` shed (popped, not to be sent), oldest first.
         self.last_shed: list[PlayoutFrame] = []
 
@@ -172,7 +207,7 @@ class Pacer:
 
     @property
     def frames_sent(self) -> int:
-        """Frames released by :meth:`poll` since creation."""
+        """Frames of audio released by :meth:`poll` since creation (bridges apart)."""
         return self._frames_sent
 
     @property
@@ -184,6 +219,11 @@ class Pacer:
     def underrun_ms(self) -> float:
         """Total silence, in ms, the caller heard inside items because audio came late."""
         return self._underrun_ms
+
+    @property
+    def bridges(self) -> int:
+        """Silent frames sent to keep the provider's queue from running dry."""
+        return self._bridges
 
     @property
     def delay_debt_ms(self) -> float:
@@ -268,6 +308,19 @@ class Pacer:
                 # Only a partial frame and the provider runs dry before the next
                 # frame time: send it padded so a response's tail is not stuck.
                 frame = buffer.pop_frame(pad=True)
+            elif self._bridge_due(now_ms):
+                # Nothing buffered and the provider about to run dry: frames of
+                # silence inside the item, owed and won back like any other.
+                room = int((max_lead - (base - now_ms) + TIME_EPSILON_MS) // frame_ms)
+                count = min(self._bridge_frames, room)
+                self._queued_until = base
+                for _ in range(count):
+                    frames.append(PlayoutFrame(self._silent_frame, self._last_item, 0))
+                    self._queued_until += frame_ms
+                    self._sent_silence(frame_ms, self._last_item)
+                self._bridged = True
+                self._bridges += count
+                continue
             else:
                 break
             if frame is None:  # pragma: no cover - guarded by buffered_samples above
@@ -276,13 +329,14 @@ class Pacer:
                 continue
             self._queued_until = base + frame_ms
             self._last_item = frame.item
+            self._bridged = False
+            self._frames_sent += 1
             frames.append(frame)
             if frame.audio_samples < frame_samples:
                 # Padded (the buffer is now empty): silence ends the provider's queue.
                 self._sent_silence(
                     frame_ms * (1.0 - frame.audio_samples / frame_samples), frame.item
                 )
-        self._frames_sent += len(frames)
         if not buffer.buffered_samples:
             self._was_empty = True
         if not buffer.buffered_samples and self._queued_until <= now_ms:
@@ -307,6 +361,8 @@ class Pacer:
             return max(now_ms, self._primed_at + self._start_ms)
         if buffer.buffered_samples >= self._frame_samples:
             when = self._queued_until + self._frame_ms - self._max_lead_ms
+        elif not buffer.buffered_samples and self._may_bridge():
+            when = self._queued_until - BRIDGE_LEAD_MS
         else:
             # A partial frame is padded, and an empty buffer declared starved,
             # once the provider queue is about to run dry.
@@ -324,19 +380,9 @@ class Pacer:
         self._state = PacerState.IDLE
         self._starved_item = None
         self._last_item = None
+        self._bridged = False
         self._forget_debt()
         return discarded_ms
-
-    def extend(self, now_ms: float, ms: float, inserted_ms: float = 0.0) -> None:
-        """The provider was sent ``ms`` of audio that did not come from the buffer
-        (the outbound resampler's tail): its queue reaches that much further.
-
-        ``inserted_ms`` of it is silence that delays the current item if more
-        of it follows (the drain's silent frames): owed, to be shed later.
-        """
-        self._queued_until = max(self._queued_until, now_ms) + ms
-        if inserted_ms > 0:
-            self._sent_silence(inserted_ms, self._buffer.current_item)
 
     def halt(self, now_ms: float) -> None:
         """Barge-in pause: the provider's queue was cleared, but keep what is buffered.
@@ -349,8 +395,31 @@ class Pacer:
         self._starved_item = None
         self._resume_item = None
         self._last_item = None
+        self._bridged = False
 
     # ---- internals -----------------------------------------------------------
+
+    def _may_bridge(self) -> bool:
+        """Whether bridge frames may follow what was sent last (see BRIDGE_FRAMES).
+
+        Only inside a tagged item: silence in untagged audio could never be won back.
+        """
+        return (
+            self._state is PacerState.PLAYING
+            and self._last_item is not None
+            and self._bridge_frames > 0
+            and not self._bridged
+            # Room for a frame at the provider once its queue is down to the bridge lead.
+            and self._max_lead_ms - BRIDGE_LEAD_MS + TIME_EPSILON_MS >= self._frame_ms
+        )
+
+    def _bridge_due(self, now_ms: float) -> bool:
+        """Nothing buffered, and the provider's queue about to run dry: bridge it."""
+        return (
+            not self._buffer.buffered_samples
+            and self._may_bridge()
+            and self._queued_until - now_ms <= BRIDGE_LEAD_MS + TIME_EPSILON_MS
+        )
 
     def _owe(self, ms: float, item: str | None) -> None:
         """``ms`` of silence went out inside ``item``: owed once ``item`` goes on."""

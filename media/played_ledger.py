@@ -83,11 +83,6 @@ class PlayedLedger:
         if item is not None:
             self._item_samples[item] = self._item_samples.get(item, 0) + frame.audio_samples
 
-    def extended(self, now_ms: float, ms: float) -> None:
-        """``ms`` of audio outside any frame (the resampler's tail) was queued at ``now_ms``:
-        frames sent after it start that much later."""
-        self._queue_end_ms = max(self._queue_end_ms, now_ms) + ms
-
     def recent(self, count: int) -> list[SentFrame]:
         """The last ``count`` frames recorded (fewer if fewer are remembered), oldest first."""
         if count <= 0:

@@ -1,4 +1,10 @@
-"""Streaming sample-rate conversion of PCM16 (s16le) with soxr.
+"""Streaming sample-rate conversion of PCM16 (s16le): the engines, and soxr's.
+
+Calls resample through :func:`stream_resampler`, which picks the engine
+(:class:`ResamplerEngine`): by default :class:`media.polyphase.PolyphaseResampler`
+for the small-integer ratios telephony uses (8, 16, 48 kHz against the
+canonical 24 kHz), soxr's steady engine for any other ratio. The rest of this
+module is the soxr wrapper, :class:`StreamResampler`.
 
 One :class:`StreamResampler` per call and direction keeps the filter state
 across chunks, so the output of chunked input equals the one-shot resampling
@@ -19,18 +25,32 @@ one output chunk per input chunk after a one-chunk warm-up, with a constant
 latency of 30 ms (8k -> 24k) and 25 ms (24k -> 8k), passband flat to 3.4 kHz
 and over 110 dB of alias rejection at 4.5 kHz, for 9 µs (8k -> 24k) and 16 µs
 (24k -> 8k) per 20 ms chunk instead of 3-5 µs. ``steady=False`` selects the
-cheaper block engine (``bench/media_transform.py`` prints both).
+cheaper block engine (``bench/media_transform.py`` prints both). Measured
+since on a slower VM: 17-24 µs and 28-30 µs, where the polyphase filter costs
+8-15 µs and delays 2.6 ms (media/polyphase.py), hence the default engine.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 import soxr
 
 from media.g711 import PcmLengthError
+from media.polyphase import PolyphaseResampler, supports
 
-__all__ = ["DEFAULT_QUALITY", "DEFAULT_STEADY", "StreamResampler"]
+__all__ = [
+    "DEFAULT_ENGINE",
+    "DEFAULT_QUALITY",
+    "DEFAULT_STEADY",
+    "Resampler",
+    "ResamplerEngine",
+    "StreamResampler",
+    "stream_resampler",
+]
 
 #: soxr quality recipe, chosen by measurement (python-soxr 1.1, AMD EPYC, µs per
 #: 20 ms chunk, int16 I/O): 8k->24k QQ 3.7, LQ 3.4,
@@ -76,7 +96,7 @@ class StreamResampler:
     a passthrough that never touches soxr.
     """
 
-    __slots__ = ("_in_rate", "_out_rate", "_quality", "_stream")
+    __slots__ = ("_in_rate", "_out_rate", "_quality", "_steady", "_stream")
 
     def __init__(
         self,
@@ -91,6 +111,7 @@ class StreamResampler:
         self._in_rate = in_rate
         self._out_rate = out_rate
         self._quality = quality
+        self._steady = steady
         # soxr validates the quality name itself (ValueError on an unknown one).
         self._stream: soxr.ResampleStream | None = (
             None
@@ -114,6 +135,11 @@ class StreamResampler:
     def passthrough(self) -> bool:
         """Whether the rates are equal and audio passes through untouched."""
         return self._stream is None
+
+    @property
+    def steady(self) -> bool:
+        """Whether soxr's variable-rate (steady) engine runs, not its block engine."""
+        return self._steady
 
     def process(self, pcm: bytes) -> bytes:
         """Resample the next chunk of the stream; returns the output ready so far."""
@@ -141,3 +167,58 @@ class StreamResampler:
         """Forget all stream state and pending output (for a new, unrelated stream)."""
         if self._stream is not None:
             self._stream.clear()
+
+
+class Resampler(Protocol):
+    """A streaming PCM16 s16le resampler, one per call and direction."""
+
+    @property
+    def in_rate(self) -> int:
+        """Input sample rate in Hz."""
+
+    @property
+    def out_rate(self) -> int:
+        """Output sample rate in Hz."""
+
+    @property
+    def passthrough(self) -> bool:
+        """Whether audio passes through untouched (equal rates)."""
+
+    def process(self, pcm: bytes) -> bytes:
+        """Resample the next chunk; returns the output ready so far."""
+
+    def flush(self) -> bytes:
+        """End the stream: the filter's remaining output, then ready for a new one."""
+
+    def reset(self) -> None:
+        """Forget the stream (a barge-in's cut audio, a new stream)."""
+
+
+class ResamplerEngine(StrEnum):
+    """Which resampler a call's transforms use (``bench/media_transform.py`` prints each)."""
+
+    #: media.polyphase for small-integer ratios (2.6 ms delay at 8 <-> 24 kHz,
+    #: exactly 20 ms out per 20 ms in), soxr's steady engine for any other ratio.
+    POLYPHASE = "polyphase"
+    #: soxr's variable-rate engine at a fixed ratio (30 / 25 ms delay at 8 <-> 24 kHz).
+    SOXR_STEADY = "soxr"
+    #: soxr's block engine (the cheapest soxr: ~60 ms bursts, 13-73 ms delay).
+    SOXR_BLOCK = "soxr-block"
+
+
+#: The engine calls use: the polyphase filter, half soxr's cost and a tenth of its
+#: delay on the rates telephony uses (media/polyphase.py, measured there).
+DEFAULT_ENGINE = ResamplerEngine.POLYPHASE
+
+
+def stream_resampler(
+    in_rate: int, out_rate: int, engine: ResamplerEngine = DEFAULT_ENGINE
+) -> Resampler:
+    """A new streaming resampler for one direction of one call.
+
+    Equal rates are a passthrough whatever the engine. Raises ``ValueError`` for
+    a rate that is not positive.
+    """
+    if engine is ResamplerEngine.POLYPHASE and in_rate != out_rate and supports(in_rate, out_rate):
+        return PolyphaseResampler(in_rate, out_rate)
+    return StreamResampler(in_rate, out_rate, steady=engine is not ResamplerEngine.SOXR_BLOCK)

@@ -3,7 +3,9 @@
 Inbound: wire payload -> PCM16 at the wire rate -> streaming resample to
 24 kHz -> 480-sample canonical frames. Outbound: canonical PCM16 24 kHz ->
 streaming resample to the wire rate -> wire encoding. Each instance holds the
-resampler and framer state of one direction of one call.
+resampler and framer state of one direction of one call. The resampler is the
+default engine's (:func:`media.resample.stream_resampler`: a 2.6 ms polyphase
+filter at 8 <-> 24 kHz, exactly 20 ms out for each 20 ms in).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from media.formats import CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE, MediaFormat
 from media.framer import Framer
 from media.g711 import decode, encode
-from media.resample import DEFAULT_STEADY, StreamResampler
+from media.resample import DEFAULT_ENGINE, ResamplerEngine, StreamResampler, stream_resampler
 
 __all__ = ["InboundTransform", "OutboundTransform", "UnsupportedFormatError"]
 
@@ -34,13 +36,13 @@ class InboundTransform:
 
     __slots__ = ("_encoding", "_framer", "_resampler", "_wire_format")
 
-    def __init__(self, wire_format: MediaFormat, *, steady: bool = DEFAULT_STEADY) -> None:
+    def __init__(
+        self, wire_format: MediaFormat, *, engine: ResamplerEngine = DEFAULT_ENGINE
+    ) -> None:
         _check_format(wire_format)
         self._wire_format = wire_format
         self._encoding = wire_format.encoding
-        self._resampler = StreamResampler(
-            wire_format.sample_rate, CANONICAL_SAMPLE_RATE, steady=steady
-        )
+        self._resampler = stream_resampler(wire_format.sample_rate, CANONICAL_SAMPLE_RATE, engine)
         self._framer = Framer(CANONICAL_FRAME_SAMPLES)
 
     @property
@@ -65,51 +67,45 @@ class InboundTransform:
         return self._framer.push(self._resampler.process(pcm))
 
 
-#: Silent canonical frames fed through the outbound resampler when it is created
-#: or reset. soxr's steady engine emits nothing for the first 20 ms chunk and
-#: 15 ms for the second (measured, 24 kHz -> 8 kHz); primed, every 20 ms frame
-#: the pacer releases leaves as exactly 20 ms of wire audio, so the provider
-#: queue is never short of what the pacer believes it sent.
+#: Silent canonical frames fed through soxr's steady engine when it is created or
+#: reset (only for a wire rate the polyphase filter does not take). It emits
+#: nothing for the first 20 ms chunk and 15 ms for the second (measured, 24 kHz
+#: -> 8 kHz); primed, every 20 ms frame the pacer releases leaves as exactly 20 ms
+#: of wire audio, so the provider queue is never short of what the pacer believes
+#: it sent. The polyphase filter needs none: it gives 20 ms for 20 ms from the
+#: first frame.
 OUTBOUND_PRIME_FRAMES = 2
-#: Silent frames pushed through to release the resampler's ~25 ms of held audio
-#: at the end of a response without breaking the stream (see ``drain``).
-OUTBOUND_DRAIN_FRAMES = 2
 _SILENT_FRAME = bytes(CANONICAL_FRAME_SAMPLES * 2)
 
 
 class OutboundTransform:
-    """Assistant audio: canonical 24 kHz PCM16 in, wire payloads out."""
+    """Assistant audio: canonical 24 kHz PCM16 in, wire payloads out.
+
+    What the resampler holds at the end of a response (the polyphase filter's
+    2.6 ms) leaves with the next response's first frame, or is dropped by
+    :meth:`reset` at a barge-in: nothing is ever sent that the pacer did not count.
+    """
 
     __slots__ = ("_encoding", "_resampler", "_wire_format")
 
-    def __init__(self, wire_format: MediaFormat, *, steady: bool = DEFAULT_STEADY) -> None:
+    def __init__(
+        self, wire_format: MediaFormat, *, engine: ResamplerEngine = DEFAULT_ENGINE
+    ) -> None:
         _check_format(wire_format)
         self._wire_format = wire_format
         self._encoding = wire_format.encoding
-        self._resampler = StreamResampler(
-            CANONICAL_SAMPLE_RATE, wire_format.sample_rate, steady=steady
-        )
+        self._resampler = stream_resampler(CANONICAL_SAMPLE_RATE, wire_format.sample_rate, engine)
         self._prime()
 
     def _prime(self) -> None:
-        if not self._resampler.passthrough:
+        resampler = self._resampler
+        if (
+            isinstance(resampler, StreamResampler)
+            and resampler.steady
+            and not resampler.passthrough
+        ):
             for _ in range(OUTBOUND_PRIME_FRAMES):
-                self._resampler.process(_SILENT_FRAME)
-
-    def drain(self) -> bytes:
-        """Release the audio the resampler still holds, followed by a little silence.
-
-        For the end of a response, when nothing else will push it out: the
-        stream stays continuous (no reset), so the next response starts clean.
-        """
-        return self.encode(self.drain_pcm())
-
-    def drain_pcm(self) -> bytes:
-        """:meth:`drain`, as PCM16 s16le at the wire rate (before the wire encoding)."""
-        if self._resampler.passthrough:
-            return b""
-        process = self._resampler.process
-        return b"".join(process(_SILENT_FRAME) for _ in range(OUTBOUND_DRAIN_FRAMES))
+                resampler.process(_SILENT_FRAME)
 
     @property
     def wire_format(self) -> MediaFormat:
@@ -119,8 +115,9 @@ class OutboundTransform:
     def process(self, pcm: bytes) -> bytes:
         """Convert canonical s16le (any whole number of samples) to a wire payload.
 
-        The result may be empty or longer than the input's duration: the
-        resampler releases its output in blocks (see :mod:`media.resample`).
+        With the default engine the result is exactly the input's duration at
+        the wire rate; soxr's block engine releases its output in bursts (see
+        :mod:`media.resample`).
         """
         return self.encode(self.resample(pcm))
 

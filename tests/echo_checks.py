@@ -35,8 +35,9 @@ MAX_LASTING_STEP_SAMPLES = 160
 #: The start's delay is taken from this much of the call (3 s, several words).
 START_BYTES = 3 * 8000 * 2
 #: The end of the caller's audio not judged (40 ms, 8 kHz s16le): the simulator stops
-#: sending frames when its audio ends (a real phone never does mid-call), so the
-#: inbound resampler keeps its last ~25 ms (media/transform.py) and it is never echoed.
+#: sending frames when its audio ends (a real phone never does mid-call), so what the
+#: resamplers hold of it (2.6 ms each way, media/polyphase.py) is never echoed, nor
+#: the last partial frame.
 END_TRIM_BYTES = 40 * 8 * 2
 #: A gap this close to a stall of the simulator (ms) is the simulator's doing.
 STALL_GAP_MARGIN_MS = 100.0

@@ -228,10 +228,11 @@ async def test_full_duplex_brain_over_the_gateway_interrupts_itself() -> None:
 def test_a_real_time_stream_with_jitter_keeps_a_bounded_delay() -> None:
     """An echo-like brain: 20 ms of audio every 20 ms, every 7th frame 15 ms late.
 
-    Each late frame lets the provider's queue nearly run dry, so the engine
-    releases the resampler's tail (40 ms of wire audio). That audio is counted
-    in the pacer and the ledger; uncounted, every later jitter drained again and
-    the stream's delay grew by 40 ms each time, for the rest of the call.
+    Each late frame lets the provider's queue nearly run dry, so the pacer sends
+    a bridge (40 ms of silence, media/pacer.py). That audio is counted in the
+    pacer and the ledger; uncounted (when the engine released soxr's held tail
+    with silence), every later jitter drained again and the stream's delay grew
+    by 40 ms each time, for the rest of the call.
     """
     engine = new_engine()
     engine.set_brain_connected(True)

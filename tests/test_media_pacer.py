@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 import pytest
 
 from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES, FRAME_MS
-from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS, Pacer, PacerState
+from media.pacer import (
+    BRIDGE_FRAMES,
+    BRIDGE_LEAD_MS,
+    DEFAULT_LEAD_MS,
+    DEFAULT_START_MS,
+    Pacer,
+    PacerState,
+)
 from media.playout import PlayoutBuffer, PlayoutFrame
 
 FRAME = bytes(CANONICAL_FRAME_BYTES)
@@ -25,17 +32,27 @@ def _voice(ms: float) -> bytes:
 
 @dataclass
 class Call:
-    """Drives a pacer the way the glue does: poll on new audio and at next_poll_ms()."""
+    """Drives a pacer the way the glue does: poll on new audio and at next_poll_ms().
+
+    Without bridge frames unless asked (``bridge_frames``): most tests here hold
+    the rules for a queue that runs dry; the bridge has its own tests at the end.
+    """
 
     buffer: PlayoutBuffer = field(default_factory=PlayoutBuffer)
     lead_ms: float = DEFAULT_LEAD_MS
     start_ms: float = DEFAULT_START_MS
+    bridge_frames: int = 0
     now: float = 0.0
     sent: list[tuple[float, PlayoutFrame]] = field(default_factory=list)
     max_lead_seen: float = 0.0
 
     def __post_init__(self) -> None:
-        self.pacer = Pacer(self.buffer, lead_ms=self.lead_ms, start_ms=self.start_ms)
+        self.pacer = Pacer(
+            self.buffer,
+            lead_ms=self.lead_ms,
+            start_ms=self.start_ms,
+            bridge_frames=self.bridge_frames,
+        )
 
     def state(self) -> PacerState:
         # A call, not the property: keeps mypy from narrowing it across polls.
@@ -72,10 +89,10 @@ class Call:
                 _, pcm, item = pending.pop(0)
                 self.push(t, pcm, item)
             else:
-                before = (self.pacer.state, self.pacer.frames_sent)
+                before = (self.pacer.state, self.pacer.frames_sent, self.pacer.bridges)
                 self.poll(t)
                 # A poll at the requested time must make progress (no busy loop).
-                assert (self.pacer.state, self.pacer.frames_sent) != before
+                assert (self.pacer.state, self.pacer.frames_sent, self.pacer.bridges) != before
         raise AssertionError("pacer did not settle")
 
     def frames_by(self, t: float) -> int:
@@ -258,28 +275,6 @@ def test_debt_belongs_to_its_item_and_a_clear_forgets_it() -> None:
     assert call.pacer.shed_ms == 0.0
 
 
-def test_drained_silence_is_owed_when_the_item_goes_on() -> None:
-    call = Call()
-    call.push(0.0, _voice(40), "a")
-    call.run_until(30.0)
-    call.pacer.extend(30.0, 40.0, inserted_ms=40.0)  # the resampler's tail: plays 40-80 ms
-    call.push(60.0, _audio(100), "a")  # the item goes on behind 40 ms of inserted silence
-    call.run_until(300.0)
-    assert call.pacer.shed_ms == 40.0
-    assert call.pacer.delay_debt_ms == 0.0
-
-
-def test_drained_silence_then_a_gap_are_both_owed() -> None:
-    call = Call()
-    call.push(0.0, _voice(40), "a")
-    call.run_until(30.0)
-    call.pacer.extend(30.0, 40.0, inserted_ms=40.0)
-    call.run_until(100.0)  # the queue ran dry at 80 ms
-    call.push(100.0, _audio(100), "a")  # 40 ms drained + 20 ms gap heard inside "a"
-    call.run_until(300.0)
-    assert call.pacer.shed_ms == 60.0
-
-
 @pytest.mark.parametrize(("first", "second"), [("a", "b"), (None, None), ("a", None)])
 def test_no_underrun_between_items_or_without_items(first: str | None, second: str | None) -> None:
     call = Call()
@@ -331,3 +326,76 @@ def test_frame_size_mismatch_is_rejected() -> None:
         Pacer(PlayoutBuffer(frame_samples=160))
     with pytest.raises(ValueError):
         Pacer(PlayoutBuffer(), lead_ms=-1)
+
+
+# ---- bridge frames ---------------------------------------------------------------
+
+
+def test_audio_a_little_late_is_bridged_not_starved() -> None:
+    # An echo stream, one frame every 20 ms; one frame comes 30 ms late. The queue
+    # is about to run dry: frames of silence keep it going, the late frame joins
+    # behind them, nothing ran dry (no underrun, no new start allowance).
+    call = Call(bridge_frames=BRIDGE_FRAMES)
+    times = [20.0 * i for i in range(10)] + [200.0 + 30.0 + 20.0 * i for i in range(40)]
+    arrivals = [(t, _voice(20), "a") for t in times]
+    call.run_until(1020.0, arrivals)  # the stream's last frame arrives at 1010 ms
+    assert call.pacer.bridges == BRIDGE_FRAMES
+    assert call.pacer.underruns == 0
+    bridge = [frame for _, frame in call.sent if frame.audio_samples == 0]
+    assert [(f.item, f.pcm) for f in bridge] == [("a", FRAME)] * BRIDGE_FRAMES
+    assert call.pacer.frames_sent == 50  # every frame of audio, the bridges apart
+    assert call.pacer.delay_debt_ms == 20.0 * BRIDGE_FRAMES  # owed (voice: never shed)
+    assert call.max_lead_seen <= DEFAULT_LEAD_MS
+
+
+def test_a_bridge_is_won_back_in_the_next_pause() -> None:
+    call = Call(bridge_frames=BRIDGE_FRAMES)
+    arrivals = [(20.0 * i, _voice(20), "a") for i in range(10)]
+    arrivals += [(230.0 + 20.0 * i, _voice(20), "a") for i in range(10)]
+    # A pause, and the brain's audio arrives in a burst (as a reply's does).
+    arrivals += [(440.0, _audio(100), "a"), (440.0, _voice(200), "a")]
+    call.run_until(700.0, arrivals)  # before the end of the item (bridged too)
+    assert call.pacer.bridges == BRIDGE_FRAMES
+    assert call.pacer.shed_ms == 20.0 * BRIDGE_FRAMES
+    assert call.pacer.delay_debt_ms == 0.0
+
+
+def test_bridges_stop_after_their_limit_then_the_queue_runs_dry() -> None:
+    call = Call(bridge_frames=BRIDGE_FRAMES)
+    call.push(0.0, _voice(100), "a")
+    call.run_until(300.0)
+    assert call.pacer.bridges == BRIDGE_FRAMES
+    assert call.state() is PacerState.STARVED
+    # The last frame of audio ends at 100 ms (three left at once, then one every 20
+    # ms); the bridges left BRIDGE_LEAD_MS before.
+    sent_at = [when for when, frame in call.sent if frame.audio_samples == 0]
+    assert sent_at == [pytest.approx(100.0 - BRIDGE_LEAD_MS)] * BRIDGE_FRAMES
+    call.push(400.0, _voice(40), "a")  # the same item, late beyond the bridges
+    assert call.pacer.underruns == 1
+
+
+def test_untagged_audio_is_never_bridged() -> None:
+    call = Call(bridge_frames=BRIDGE_FRAMES)
+    call.push(0.0, _voice(100), None)
+    call.run_until(300.0)
+    assert call.pacer.bridges == 0
+
+
+def test_bridges_keep_within_the_lead() -> None:
+    call = Call(bridge_frames=BRIDGE_FRAMES, lead_ms=30.0)
+    call.push(0.0, _voice(100), "a")
+    call.run_until(300.0)
+    assert call.pacer.bridges == 1  # room for one frame only
+    short = Call(bridge_frames=BRIDGE_FRAMES, lead_ms=20.0)
+    short.push(0.0, _voice(100), "a")
+    short.run_until(300.0)
+    assert short.pacer.bridges == 0  # no room at all
+
+
+def test_a_clear_ends_bridging() -> None:
+    call = Call(bridge_frames=BRIDGE_FRAMES)
+    call.push(0.0, _voice(100), "a")
+    call.run_until(60.0)
+    call.pacer.halt(60.0)
+    call.run_until(300.0)
+    assert call.pacer.bridges == 0

@@ -17,6 +17,7 @@ from media.formats import (
     MediaFormat,
 )
 from media.g711 import PcmLengthError, alaw_encode, ulaw_decode, ulaw_encode
+from media.resample import ResamplerEngine
 from media.transform import InboundTransform, OutboundTransform, UnsupportedFormatError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
@@ -40,20 +41,47 @@ def _as_float(pcm: bytes) -> npt.NDArray[np.float64]:
     return np.frombuffer(pcm, dtype="<i2").astype(np.float64)
 
 
-def _best_correlation(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> float:
-    # The outbound transform is primed with silence, so its output starts with the
-    # resampler's latency (~25 ms at 8 kHz = 200 samples) as leading silence.
-    n = min(len(a), len(b)) - 512
-    best = -1.0
-    for lag in range(-32, 480):
+def _best_lag_and_correlation(
+    a: npt.NDArray[np.float64], b: npt.NDArray[np.float64], max_lag: int = 480
+) -> tuple[int, float]:
+    """The lag of ``b`` behind ``a`` (samples) that correlates best, and that correlation."""
+    n = min(len(a), len(b)) - max_lag - 64
+    best, best_lag = -1.0, 0
+    for lag in range(-32, max_lag):
         x = a[32 : 32 + n]
         y = b[32 + lag : 32 + lag + n]
-        best = max(best, float(np.corrcoef(x, y)[0, 1]))
-    return best
+        c = float(np.corrcoef(x, y)[0, 1])
+        if c > best:
+            best, best_lag = c, lag
+    return best_lag, best
 
 
-def test_twenty_ms_mulaw_in_gives_canonical_frames_over_time(speech_mulaw: bytes) -> None:
+def _round_trip(speech_mulaw: bytes, engine: ResamplerEngine) -> tuple[bytes, bytes]:
+    inbound = InboundTransform(TWILIO_MULAW_8K, engine=engine)
+    outbound = OutboundTransform(TWILIO_MULAW_8K, engine=engine)
+    wire_out = bytearray()
+    for i in range(0, len(speech_mulaw), 160):
+        for frame in inbound.process(speech_mulaw[i : i + 160]):
+            wire_out += outbound.process(frame)
+    wire_out += outbound.flush()
+    return speech_mulaw, bytes(wire_out)
+
+
+def test_twenty_ms_mulaw_in_gives_one_canonical_frame_each(speech_mulaw: bytes) -> None:
+    # The default engine (media.polyphase) holds no block: every 20 ms chunk in
+    # completes exactly one canonical frame, from the first chunk on.
     inbound = InboundTransform(TWILIO_MULAW_8K)
+    chunks = [speech_mulaw[i : i + 160] for i in range(0, len(speech_mulaw) // 160 * 160, 160)]
+    for chunk in chunks:
+        frames = inbound.process(chunk)
+        assert [len(frame) for frame in frames] == [CANONICAL_FRAME_BYTES]
+
+
+@pytest.mark.parametrize("engine", list(ResamplerEngine))
+def test_twenty_ms_mulaw_in_gives_canonical_frames_over_time(
+    speech_mulaw: bytes, engine: ResamplerEngine
+) -> None:
+    inbound = InboundTransform(TWILIO_MULAW_8K, engine=engine)
     total = 0
     chunks = [speech_mulaw[i : i + 160] for i in range(0, len(speech_mulaw), 160)]
     for n, chunk in enumerate(chunks, start=1):
@@ -79,28 +107,59 @@ def test_odd_length_mulaw_chunks_are_fine(speech_mulaw: bytes) -> None:
     assert pos >= len(audio)
     b = b"".join(b_frames)
     n = min(len(a), len(b))
-    expected_samples = len(audio) * 3  # 1 byte per sample at 8 kHz -> 3 samples at 24 kHz
-    assert n // 2 >= expected_samples - MAX_RESAMPLER_BACKLOG_SAMPLES - CANONICAL_FRAME_SAMPLES
+    assert n // 2 == len(audio) * 3  # 1 byte per sample at 8 kHz -> 3 samples at 24 kHz
     diff = np.abs(_as_float(a[:n]) - _as_float(b[:n]))
     assert diff.max() <= 1  # same stream, same output (float rounding aside)
 
 
-def test_round_trip_8k_24k_8k_correlates(speech_mulaw: bytes) -> None:
-    inbound = InboundTransform(TWILIO_MULAW_8K)
-    outbound = OutboundTransform(TWILIO_MULAW_8K)
-    wire_out = bytearray()
-    for i in range(0, len(speech_mulaw), 160):
-        for frame in inbound.process(speech_mulaw[i : i + 160]):
-            wire_out += outbound.process(frame)
-    wire_out += outbound.flush()
-    sent = _as_float(ulaw_decode(speech_mulaw))
-    received = _as_float(ulaw_decode(bytes(wire_out)))
-    assert abs(len(received) - len(sent)) <= MAX_RESAMPLER_BACKLOG_SAMPLES // 3
-    # soxr's steady (variable-rate) engine delays by a fraction of a sample in each
-    # direction (measured: -0.5 sample at 24 kHz in, +2.33 samples at 8 kHz out), so
-    # the round trip is shifted by 1/6 of an 8 kHz sample: inaudible, but it caps
-    # sample-wise correlation of wide-band speech near 0.95 (0.99996 with the block engine).
-    assert _best_correlation(sent, received) >= 0.94
+def test_round_trip_8k_24k_8k_is_faithful_and_5_ms_late(speech_mulaw: bytes) -> None:
+    sent_mulaw, wire_out = _round_trip(speech_mulaw, ResamplerEngine.POLYPHASE)
+    sent = _as_float(ulaw_decode(sent_mulaw))
+    received = _as_float(ulaw_decode(wire_out))
+    # Exactly as long, plus the 2.625 ms the outbound flush gives of what its filter owes.
+    assert len(received) == len(sent) + 21
+    lag, correlation = _best_lag_and_correlation(sent, received)
+    # Two 2.625 ms linear-phase filters: 42 samples at 8 kHz, and (no fractional
+    # delay) sample-wise the same speech.
+    assert lag == 42
+    assert correlation >= 0.99
+
+
+def _latency_ms(engine: ResamplerEngine, *, inbound: bool) -> float:
+    """How late a sample leaves the transform: its position in the output stream
+    behind its place in the input, plus how far the output stream is held back."""
+    chunk = 160 if inbound else CANONICAL_FRAME_SAMPLES
+    x = np.zeros(50 * chunk, dtype="<i2")
+    start = 25 * chunk + chunk // 2
+    x[start : start + 8] = [0, 8000, 16000, 24000, 24000, 16000, 8000, 0]
+    produced: list[bytes] = []
+    if inbound:
+        transform_in = InboundTransform(TWILIO_MULAW_8K, engine=engine)
+        mulaw = ulaw_encode(x.tobytes())
+        for i in range(0, len(mulaw), chunk):
+            produced += transform_in.process(mulaw[i : i + chunk])
+        out_rate, in_rate = 24_000, 8_000
+        y = _as_float(b"".join(produced))
+    else:
+        transform_out = OutboundTransform(TWILIO_MULAW_8K, engine=engine)
+        for i in range(0, len(x), chunk):
+            produced.append(transform_out.process(x[i : i + chunk].tobytes()))
+        out_rate, in_rate = 8_000, 24_000
+        y = _as_float(ulaw_decode(b"".join(produced)))
+    aligned_ms = (float(np.argmax(y)) / out_rate - (start + 3.5) / in_rate) * 1000
+    held_ms = (len(x) / in_rate - len(y) / out_rate) * 1000
+    return aligned_ms + held_ms
+
+
+@pytest.mark.parametrize("inbound", [True, False], ids=["inbound", "outbound"])
+def test_default_engine_delays_a_ninth_of_what_soxr_does(inbound: bool) -> None:
+    # The polyphase filter's 2.625 ms against soxr's steady engine (the peer engine):
+    # measured 30 ms in (all of it held back) and 25 ms out (primed: all of it in
+    # the output's alignment).
+    polyphase = _latency_ms(ResamplerEngine.POLYPHASE, inbound=inbound)
+    soxr_steady = _latency_ms(ResamplerEngine.SOXR_STEADY, inbound=inbound)
+    assert 2.0 <= polyphase <= 3.0
+    assert soxr_steady >= 9 * polyphase
 
 
 def test_outbound_conserves_samples_and_flushes(speech_pcm: bytes) -> None:
@@ -110,24 +169,18 @@ def test_outbound_conserves_samples_and_flushes(speech_pcm: bytes) -> None:
         outbound.process(canonical[i : i + CANONICAL_FRAME_BYTES])
         for i in range(0, len(canonical), CANONICAL_FRAME_BYTES)
     )
-    # Primed: every 20 ms frame in gives exactly 20 ms out (160 μ-law bytes)...
+    # Every 20 ms frame in gives exactly 20 ms out (160 μ-law bytes)...
     assert len(out) == 16000
-    # ...the first ~25 ms being the primed silence, with the newest audio still held,
-    tail = outbound.flush()
-    assert 0 < len(tail) <= 240
-    # ...which drain() would have released without ending the stream.
-    again = OutboundTransform(TWILIO_MULAW_8K)
-    for i in range(0, len(canonical), CANONICAL_FRAME_BYTES):
-        again.process(canonical[i : i + CANONICAL_FRAME_BYTES])
-    drained = again.drain()
-    assert len(drained) == 320
-    assert drained[: len(tail)] == tail[: len(drained)]
+    # ...with the newest 2.625 ms (21 samples at 8 kHz) still in the filter.
+    assert len(outbound.flush()) == 21
 
 
 def test_outbound_frames_are_exactly_twenty_ms_from_the_first() -> None:
     outbound = OutboundTransform(TWILIO_MULAW_8K)
     tone = (8000 * np.sin(np.arange(480) / 3)).astype("<i2").tobytes()
     assert [len(outbound.process(tone)) for _ in range(50)] == [160] * 50
+    primed = OutboundTransform(TWILIO_MULAW_8K, engine=ResamplerEngine.SOXR_STEADY)
+    assert [len(primed.process(tone)) for _ in range(50)] == [160] * 50
 
 
 def test_outbound_reset_drops_held_audio() -> None:
@@ -135,7 +188,7 @@ def test_outbound_reset_drops_held_audio() -> None:
     tone = (8000 * np.sin(np.arange(960) / 3)).astype("<i2").tobytes()
     outbound.process(tone)
     outbound.reset()
-    # Nothing of the tone survives the reset: only primed silence remains.
+    # Nothing of the tone survives the reset: only silence remains.
     assert set(outbound.flush()) <= {0xFF, 0x7F}
 
 
@@ -143,7 +196,7 @@ def test_alaw_and_l16_legs() -> None:
     alaw = MediaFormat(Encoding.ALAW, 8000)
     inbound = InboundTransform(alaw)
     frames = [f for _ in range(10) for f in inbound.process(alaw_encode(bytes(320)))]
-    assert len(frames) >= 6
+    assert len(frames) == 10
     outbound = OutboundTransform(alaw)
     wire = b"".join(outbound.process(bytes(CANONICAL_FRAME_BYTES)) for _ in range(10))
     assert wire == b"\xd5" * 1600  # A-law silence, 200 ms at 8 kHz, exactly 20 ms per frame
@@ -156,7 +209,7 @@ def test_alaw_and_l16_legs() -> None:
     l16_16k = MediaFormat(Encoding.L16, 16000)
     inbound16 = InboundTransform(l16_16k)
     frames16 = [f for _ in range(10) for f in inbound16.process(bytes(640))]
-    assert 7 <= len(frames16) <= 10
+    assert len(frames16) == 10
     assert inbound16.wire_format == l16_16k
 
 

@@ -38,7 +38,12 @@ from gateway.backoff import Backoff
 from gateway.call import monotonic_ms
 from gateway.launcher import LOOPBACK, free_port
 from gateway.metrics import GatewayMetrics
-from gateway.tap_client import TAP_CLOSE_TIMEOUT_S, WARN_LOG_LIMIT, TapClient
+from gateway.tap_client import (
+    OPENING_AUDIO_FRAMES,
+    TAP_CLOSE_TIMEOUT_S,
+    WARN_LOG_LIMIT,
+    TapClient,
+)
 from tests.conftest import eventually
 from tests.tap_fixtures import fixture_names, load_fixture, load_fixture_json
 
@@ -308,6 +313,7 @@ async def test_sends_while_disconnected_are_dropped_and_counted() -> None:
     async def script(peer: BrainPeer, index: int) -> None:
         await peer.recv()
         if index == 0:
+            await peer.recv()  # the call's opening, held until now
             await peer.ws.close()
             return
         resumed.set()
@@ -317,10 +323,11 @@ async def test_sends_while_disconnected_are_dropped_and_counted() -> None:
     backoff = RecordingBackoff(delay_s=1.0)
     async with ScriptedBrain(script) as brain:
         h = Harness(brain.url, backoff)
-        # Before run() has connected at all.
+        # Before run() has connected at all: the call's opening audio waits for the
+        # brain (OPENING_AUDIO_FRAMES); anything else is dropped.
         assert not await h.client.send_audio_in(FRAME)
         assert not await h.client.send(Dtmf("1"), kind="dtmf")
-        assert h.drops("audio_in") == 1 and h.drops("dtmf") == 1
+        assert h.drops("audio_in") == 0 and h.drops("dtmf") == 1
         h.start()
         try:
             # Connected, then lost: the client is in its backoff sleep.
@@ -328,20 +335,51 @@ async def test_sends_while_disconnected_are_dropped_and_counted() -> None:
             await eventually(lambda: not h.client.connected and h.client.connections == 1, SOON_S)
             for _ in range(5):
                 assert not await h.client.send_audio_in(FRAME)
-            assert h.drops("audio_in") == 6
+            assert h.drops("audio_in") == 5
             # Back again: sends flow once more and nothing dropped is replayed.
             await asyncio.wait_for(resumed.wait(), SOON_S)
             await eventually(lambda: h.client.connected, SOON_S)
             assert await h.client.send_audio_in(FRAME)
             await eventually(lambda: len(brain.connections[1]) == 2, SOON_S)
-            assert h.drops("audio_in") == 6
+            assert h.drops("audio_in") == 5
             await h.client.close(SessionEndReason.CALLER_HANGUP)
         finally:
             await h.stop()
     second = brain.connections[1]
     assert isinstance(second[0], Hello) and second[0].resume
     assert isinstance(second[1], AudioIn)
-    assert sum(isinstance(e, AudioIn) for e in brain.connections[0]) == 0
+    # The opening frame went to the first connection, right after the hello.
+    first = brain.connections[0]
+    assert isinstance(first[0], Hello) and first[1] == AudioIn(FRAME)
+    assert sum(isinstance(e, AudioIn) for e in first) == 1
+    assert h.client.opening_frames_sent == 1
+
+
+async def test_the_calls_opening_waits_for_the_brain_in_order_and_bounded() -> None:
+    async def script(peer: BrainPeer, index: int) -> None:
+        await peer.read_until_closed()
+
+    frames = [bytes([n % 256]) * 960 for n in range(OPENING_AUDIO_FRAMES + 5)]
+    async with ScriptedBrain(script) as brain:
+        h = Harness(brain.url, RecordingBackoff())
+        for frame in frames:
+            assert not await h.client.send_audio_in(frame)
+        # The oldest beyond the bound are dropped, counted.
+        assert h.drops("audio_in") == 5
+        h.start()
+        try:
+            want = OPENING_AUDIO_FRAMES + 1
+            await eventually(
+                lambda: bool(brain.connections) and len(brain.connections[0]) == want, SOON_S
+            )
+            await h.client.close(SessionEndReason.CALLER_HANGUP)
+        finally:
+            await h.stop()
+    hello, *audio = brain.connections[0][:want]
+    assert isinstance(hello, Hello)
+    assert audio == [AudioIn(frame) for frame in frames[5:]]
+    assert h.client.opening_frames_sent == OPENING_AUDIO_FRAMES
+    assert h.metric("rutster_frames_to_brain_total") == OPENING_AUDIO_FRAMES
 
 
 # ---- close ------------------------------------------------------------------------------
