@@ -69,7 +69,7 @@ from bench.fuzz_messages import (
 )
 from gateway.launcher import LOOPBACK, Service, echo_brain_process, free_port, gateway_process
 from media.pacer import DEFAULT_LEAD_MS
-from tests.echo_checks import EchoJudgement, judge_echo
+from tests.echo_checks import ECHO_SHORTFALL, EchoJudgement, judge_echo
 from trunk.twilio.simulator import (
     SimulatedCallResult,
     TwilioSimulator,
@@ -713,7 +713,8 @@ async def run_campaign(
             warm = await _honest_call(url, token, pcm, random.Random(f"{seed}-warm"))
             if warm.judgement.problem is not None:
                 raise RuntimeError(
-                    f"the warm-up call failed before any attack: {warm.judgement.problem}"
+                    f"{ECHO_SHORTFALL} on the warm-up call, before any attack: "
+                    f"{warm.judgement.problem}"
                 )
             await asyncio.sleep(1.0)
             before = process_figures(gateway.proc.pid)

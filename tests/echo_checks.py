@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from trunk.twilio.simulator import SimulatedCallResult, best_lag_correlation, echo_windows
 
+#: Text that starts every echo-quality failure (tests/realtime_echo.py reruns on it).
+ECHO_SHORTFALL = "echo shortfall"
 #: Correlation a window of echoed speech must reach (μ-law both ways and two
 #: resamplings leave about 0.94 on the project's recording: measured).
 MIN_WINDOW_CORRELATION = 0.9
@@ -121,5 +123,5 @@ def assert_echo_intact(
 ) -> int:
     """Assert ``result`` heard ``sent`` echoed whole; return the round trip (samples)."""
     judgement = judge_echo(sent, result, gaps_allowed=gaps_allowed)
-    assert judgement.problem is None, judgement.problem
+    assert judgement.problem is None, f"{ECHO_SHORTFALL}: {judgement.problem}"
     return judgement.lag_samples

@@ -25,6 +25,7 @@ from gateway.launcher import LOOPBACK, Service, echo_brain_process, gateway_proc
 from media.pacer import DEFAULT_LEAD_MS
 from tests.conftest import eventually
 from tests.echo_checks import MAX_LASTING_STEP_SAMPLES, assert_echo_intact, transient_steps_only
+from tests.realtime_echo import realtime_echo
 from trunk.twilio.simulator import (
     TwilioSimulator,
     best_lag_correlation,
@@ -86,6 +87,7 @@ def stack() -> Iterator[Stack]:
             yield Stack(f"http://{LOOPBACK}:{gateway.port}", token, brain)
 
 
+@realtime_echo
 async def test_three_simultaneous_calls_echo_the_speech(stack: Stack, speech_pcm: bytes) -> None:
     url, token = stack.url, stack.token
     pcm = speech_pcm[: 8 * 8000 * 2]

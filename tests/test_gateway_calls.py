@@ -42,6 +42,7 @@ from tests.conftest import (
     spend_settings,
 )
 from tests.echo_checks import assert_echo_intact
+from tests.realtime_echo import realtime_echo
 from trunk.twilio.simulator import (
     StreamInstructions,
     TwilioSimulator,
@@ -113,6 +114,7 @@ async def received_media(ws: ClientConnection, seconds: float) -> int:
     return count
 
 
+@realtime_echo
 async def test_echo_call_round_trip(gateway: RunningGateway, speech_pcm: bytes) -> None:
     pcm = speech_pcm[: 4 * 8000 * 2]
     result = await simulator(gateway).place_call(pcm, tail_s=0.8)
@@ -143,6 +145,7 @@ async def test_call_leaves_no_tasks(gateway: RunningGateway, speech_pcm: bytes) 
     assert gateway.metric("rutster_call_tasks") == 0
 
 
+@realtime_echo
 async def test_three_calls_at_once(gateway: RunningGateway, speech_pcm: bytes) -> None:
     pcm = speech_pcm[8000 * 2 * 5 : 8000 * 2 * 8]
     results = await asyncio.gather(

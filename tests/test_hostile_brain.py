@@ -51,6 +51,7 @@ from tests.conftest import (
     serve_gateway,
 )
 from tests.echo_checks import assert_echo_intact
+from tests.realtime_echo import realtime_echo
 from trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator
 
 #: Generous bound for anything that should happen "soon" on a loaded 2-core machine.
@@ -330,6 +331,7 @@ def errors_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
 # ---- all at once ---------------------------------------------------------------------
 
 
+@realtime_echo
 async def test_hostile_brains_alongside_normal_calls(
     echo_brain: EchoBrain, speech_pcm: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from bench.hostile_campaign import WORKERS, run_campaign
 from media.pacer import DEFAULT_LEAD_MS
+from tests.echo_checks import ECHO_SHORTFALL
+from tests.realtime_echo import realtime_echo
 
 #: Seconds of attack: long enough for several honest calls back to back and a few
 #: thousand hostile messages of every family, short enough for CI.
@@ -41,6 +43,7 @@ LEAD_SLACK_MS = 40.0
 MAX_RSS_GROWTH_MIB = 48
 
 
+@realtime_echo
 async def test_quick_campaign_harms_no_honest_call() -> None:
     report = await run_campaign(
         QUICK_SECONDS, QUICK_SEED, webhook_interval_s=QUICK_WEBHOOK_INTERVAL_S
@@ -60,7 +63,7 @@ async def test_quick_campaign_harms_no_honest_call() -> None:
 
     assert len(report.honest) >= MIN_HONEST_CALLS
     problems = [c.judgement.problem for c in report.honest if c.judgement.problem is not None]
-    assert not problems, problems
+    assert not problems, f"{ECHO_SHORTFALL}: {problems}"
 
     assert report.calls_left == 0
     assert report.after.other_fds == report.before.other_fds, (report.before, report.after)

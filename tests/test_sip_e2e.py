@@ -29,7 +29,7 @@ from brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
 from gateway.launcher import free_port
 from gateway.transfer_allowlist import TransferAllowlist
 from tests.conftest import TEST_ADMIN_KEY, eventually
-from tests.sip_echo import check_sip_echo, realtime_sip_echo
+from tests.realtime_echo import check_sip_echo, realtime_echo
 from tests.sip_stack import sip_stack, speech_16k
 from tests.test_gateway_calls import RecordingBrain
 from trunk.sip.load_generator import analyse_echo
@@ -63,7 +63,7 @@ async def _tenant_headers(http: httpx.AsyncClient) -> dict[str, str]:
     return {"Authorization": f"Bearer {created.json()['key']}"}
 
 
-@realtime_sip_echo
+@realtime_echo
 async def test_inbound_call_hears_the_echo_brain_and_dtmf_reaches_it() -> None:
     speech = speech_16k(str(SPEECH), 3.0)
     async with SipBrain() as brain, sip_stack(brain.url) as stack, SipPeerProcess() as peer:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests.conftest import eventually
-from tests.sip_echo import check_sip_echo, realtime_sip_echo
+from tests.realtime_echo import check_sip_echo, realtime_echo
 from tests.sip_stack import SipStack, sip_stack, speech_16k
 from tests.test_sip_e2e import SPEECH, SipBrain
 from tests.test_sip_kamailio import (
@@ -73,7 +73,7 @@ def kamailio_in_front(stack: SipStack, work: Path) -> Iterator[int]:
         log.close()
 
 
-@realtime_sip_echo
+@realtime_echo
 async def test_kamailio_spreads_real_calls_over_two_workers(tmp_path: Path) -> None:
     speech = speech_16k(str(SPEECH), 3.0)
     async with SipBrain() as brain, sip_stack(brain.url, workers=2) as stack:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.sip_echo import check_sip_echo, realtime_sip_echo
+from tests.realtime_echo import check_sip_echo, realtime_echo
 from trunk.sip.load_generator import (
     DEFAULT_SPEECH_PATH,
     GOAL_CONCURRENT_CALLS,
@@ -26,7 +26,7 @@ from trunk.sip.peer import SipPeerProcess
 BPS = 32_000
 
 
-@realtime_sip_echo
+@realtime_echo
 async def test_six_calls_against_echo_reflectors_all_succeed() -> None:
     # One pjsua2 process holds 4 calls, so 6 concurrent calls need two reflectors.
     async with SipPeerProcess() as r1, SipPeerProcess() as r2:

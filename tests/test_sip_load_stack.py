@@ -14,7 +14,7 @@ import pytest
 
 from gateway.cli import main
 from media.vad import DEFAULT_DETECTOR
-from tests.sip_echo import check_sip_echo, realtime_sip_echo
+from tests.realtime_echo import check_sip_echo, realtime_echo
 from trunk.sip.load_stack import (
     MetricSample,
     cpu_delta,
@@ -67,7 +67,7 @@ def _figure(text: str, pattern: str) -> float:
     return float(found.group(1))
 
 
-@realtime_sip_echo
+@realtime_echo
 def test_small_run_of_the_whole_stack_passes_every_call(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["sip-load", "--calls", "4", "--cps", "4", "--duration", "3"])
     out = capsys.readouterr().out

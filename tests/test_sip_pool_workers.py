@@ -14,7 +14,7 @@ import signal
 from brains.echo import EchoBrain
 from gateway.launcher import LOOPBACK
 from tests.conftest import RunningGateway, eventually, gateway_config, serve_gateway
-from tests.sip_echo import check_sip_echo, realtime_sip_echo
+from tests.realtime_echo import check_sip_echo, realtime_echo
 from tests.sip_stack import TEST_SIP_SECRET, speech_16k, worker_env
 from trunk.sip.cli import sip_worker_argv
 from trunk.sip.load_generator import DEFAULT_SPEECH_PATH, analyse_echo, voiced_frames
@@ -58,7 +58,7 @@ async def _echo_flows(peer: SipPeerProcess, call: CallHandle) -> tuple[int, floa
     return voiced_frames(window), corr or 0.0
 
 
-@realtime_sip_echo
+@realtime_echo
 async def test_killing_one_worker_spares_the_other_and_the_pool_restarts_it() -> None:
     speech = speech_16k(str(DEFAULT_SPEECH_PATH), 10.0)
     async with EchoBrain() as brain:
