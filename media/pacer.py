@@ -24,13 +24,6 @@ shedding whole frames of the same item that are silent (a pause in speech),
 so a stall costs one short gap instead of a latency step for the rest of the
 call. Shed frames are reported in :attr:`Pacer.last_shed` (not sent) so the
 played-ms ledger still advances over them.
-
-**Not at once.** Nothing is shed until :data:`SHED_HOLDOFF_MS` have passed
-since silence was last owed: audio that keeps coming a little late finds the
-cushion its first lateness cost still there, as an adaptive jitter buffer grows
-at once and shrinks slowly. Shedding at the first pause made such a call's delay
-flip between two values several times a second; now it flips at most once per
-hold-off.
 """
 
 from __future__ import annotations
@@ -48,7 +41,6 @@ __all__ = [
     "DEFAULT_LEAD_MS",
     "DEFAULT_START_MS",
     "MAX_DELAY_DEBT_MS",
-    "SHED_HOLDOFF_MS",
     "SHED_SILENCE_RMS",
     "Pacer",
     "PacerState",
@@ -75,14 +67,6 @@ SHED_SILENCE_RMS = 584.0
 #: mid-reply is won back over its next pauses, and a bounded number keeps one
 #: pathological stall from eating every pause of a long reply.
 MAX_DELAY_DEBT_MS = 2000.0
-#: Nothing is shed until this long (ms) after silence was last owed. Measured: in
-#: a CI run whose echo calls came a little late every 0.3-0.7 s, shedding at each
-#: pause made the delay flip between 32 and 72 ms six times in 1.4 s (each flip a
-#: 40 ms hole or cut; tests/test_gateway_calls.py::test_three_calls_at_once failed
-#: on it). Seed decision: about three times the longest such recurrence, so a
-#: lasting jitter keeps one bridge's cushion and a lone stall is won back within
-#: a few seconds.
-SHED_HOLDOFF_MS = 2000.0
 #: Less than a frame owed is cut from a silent frame's head when at least this many
 #: samples are owed (1 ms at 24 kHz): a 3 ms residue is a step a correlation sees.
 MIN_PARTIAL_SHED_SAMPLES = 24
@@ -139,13 +123,11 @@ class Pacer:
         "_last_item",
         "_lead_ms",
         "_max_lead_ms",
-        "_owed_at",
         "_pending_debt_item",
         "_pending_debt_ms",
         "_primed_at",
         "_queued_until",
         "_resume_item",
-        "_shed_holdoff_ms",
         "_shed_ms",
         "_silence_item",
         "_silence_ms",
@@ -168,12 +150,10 @@ class Pacer:
         start_ms: float = DEFAULT_START_MS,
         frame_ms: int = FRAME_MS,
         bridge_frames: int = BRIDGE_FRAMES,
-        shed_holdoff_ms: float = SHED_HOLDOFF_MS,
     ) -> None:
-        if frame_ms <= 0 or min(lead_ms, start_ms, bridge_frames, shed_holdoff_ms) < 0:
+        if frame_ms <= 0 or lead_ms < 0 or start_ms < 0 or bridge_frames < 0:
             raise ValueError(
-                "frame_ms must be positive; lead_ms, start_ms, bridge_frames and "
-                "shed_holdoff_ms not negative"
+                "frame_ms must be positive; lead_ms, start_ms and bridge_frames not negative"
             )
         if buffer.frame_samples * 1000 != frame_ms * buffer.sample_rate:
             raise ValueError(
@@ -203,9 +183,6 @@ class Pacer:
         self._pending_debt_item: str | None = None
         self._resume_item: str | None = None
         self._shed_ms = 0.0
-        # When silence was last owed, and how long nothing is shed after (SHED_HOLDOFF_MS).
-        self._owed_at = float("-inf")
-        self._shed_holdoff_ms = float(shed_holdoff_ms)
         # Silence sent while the buffer was empty (a padded frame): it
         # delays the item only by as much as it was still playing when audio came back.
         self._silence_ms = 0.0
@@ -302,7 +279,7 @@ class Pacer:
             if self._resume_item is not None:
                 # The caller heard silence from the queue running dry until now: the
                 # rest of the item plays that much later than the brain's timeline.
-                self._owe(now_ms - self._starved_at, self._resume_item, now_ms)
+                self._owe(now_ms - self._starved_at, self._resume_item)
                 self._resume_item = None
             # Nothing from before this talk spurt is still playing at the provider.
             self._queued_until = max(self._queued_until, now_ms)
@@ -319,7 +296,7 @@ class Pacer:
             if item is not None and item == self._last_item:
                 self._underruns += 1
                 self._underrun_ms += late_ms
-                self._owe(late_ms, item, now_ms)
+                self._owe(late_ms, item)
         while True:
             base = max(self._queued_until, now_ms)
             if base - now_ms + frame_ms > max_lead + TIME_EPSILON_MS:
@@ -348,7 +325,7 @@ class Pacer:
                 break
             if frame is None:  # pragma: no cover - guarded by buffered_samples above
                 break
-            if self._settle_debt(frame, base - now_ms, now_ms):
+            if self._settle_debt(frame, base - now_ms):
                 continue
             self._queued_until = base + frame_ms
             self._last_item = frame.item
@@ -444,11 +421,10 @@ class Pacer:
             and self._queued_until - now_ms <= BRIDGE_LEAD_MS + TIME_EPSILON_MS
         )
 
-    def _owe(self, ms: float, item: str | None, now_ms: float) -> None:
+    def _owe(self, ms: float, item: str | None) -> None:
         """``ms`` of silence went out inside ``item``: owed once ``item`` goes on."""
         if item is None or ms <= 0:
             return
-        self._owed_at = now_ms
         if self._pending_debt_item != item:
             self._pending_debt_ms = 0.0
             self._pending_debt_item = item
@@ -471,7 +447,7 @@ class Pacer:
             # The silence delayed the item by its whole length: had it not been sent,
             # the provider's queue would have run dry that much earlier (an underrun,
             # counted from the queue's end).
-            self._owe(self._silence_ms, self._silence_item, now_ms)
+            self._owe(self._silence_ms, self._silence_item)
             self._silence_ms = 0.0
             self._silence_item = None
 
@@ -484,7 +460,7 @@ class Pacer:
         self._pending_debt_item = None
         self._resume_item = None
 
-    def _settle_debt(self, frame: PlayoutFrame, queued_ms: float, now_ms: float) -> bool:
+    def _settle_debt(self, frame: PlayoutFrame, queued_ms: float) -> bool:
         """Book ``frame`` against the delay debt; True when it is shed (not sent)."""
         item = frame.item
         if item != self._debt_item:  # a new item is a new timeline: nothing owed
@@ -498,8 +474,6 @@ class Pacer:
         frame_ms = self._frame_ms
         if frame.audio_samples < self._frame_samples:
             return False  # padded: its silence is booked once it is queued
-        if now_ms - self._owed_at < self._shed_holdoff_ms:
-            return False  # audio came late lately: keep the cushion it cost
         # The provider's queue holds the lead less a frame: a shed cannot starve it.
         queue_full = queued_ms >= self._max_lead_ms - frame_ms - SHED_QUEUE_SLACK_MS
         if self._debt_ms + TIME_EPSILON_MS < frame_ms:

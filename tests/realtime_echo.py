@@ -16,7 +16,8 @@ of the host spoils that now and then:
   run of the first scored a minimum of 0.60-0.62 in some runs and 0.999 in the
   others, on the code before and after the polyphase resampler alike (8725887,
   a517306); with one busy loop, 0.999 in 18 of 18. The second failed 3 of 12
-  runs both with and without the pacer's shed hold-off, 4 of 6 at 8725887.
+  runs, and as many with a 2 s shed hold-off tried in the pacer; 4 of 6 at
+  8725887.
 
 The hostile campaign's quick test judges its honest calls the same way and is
 rerun the same way (its attack is seeded, so a rerun is the same attack).

@@ -13,7 +13,6 @@ from media.pacer import (
     BRIDGE_LEAD_MS,
     DEFAULT_LEAD_MS,
     DEFAULT_START_MS,
-    SHED_HOLDOFF_MS,
     Pacer,
     PacerState,
 )
@@ -43,7 +42,6 @@ class Call:
     lead_ms: float = DEFAULT_LEAD_MS
     start_ms: float = DEFAULT_START_MS
     bridge_frames: int = 0
-    shed_holdoff_ms: float = SHED_HOLDOFF_MS
     now: float = 0.0
     sent: list[tuple[float, PlayoutFrame]] = field(default_factory=list)
     max_lead_seen: float = 0.0
@@ -54,7 +52,6 @@ class Call:
             lead_ms=self.lead_ms,
             start_ms=self.start_ms,
             bridge_frames=self.bridge_frames,
-            shed_holdoff_ms=self.shed_holdoff_ms,
         )
 
     def state(self) -> PacerState:
@@ -211,42 +208,29 @@ def test_a_late_burst_is_won_back_in_its_next_pause() -> None:
     call = Call()
     call.push(0.0, _voice(100), "a")
     call.run_until(120.0)
-    # 50 ms late, then the backlog at once: voice, a 60 ms pause after the hold-off, voice.
-    talk = _voice(100 + SHED_HOLDOFF_MS)
-    call.push(150.0, talk + _audio(60) + _voice(100), "a")
-    call.run_until(SHED_HOLDOFF_MS + 700.0)
+    # 50 ms late, then the backlog at once: voice, a 60 ms pause, voice.
+    call.push(150.0, _voice(20) + _audio(60) + _voice(100), "a")
+    call.run_until(600.0)
     assert call.pacer.shed_ms == 50.0  # two whole silent frames and 10 ms of a third
     assert call.pacer.delay_debt_ms == 0.0
     voice = b"".join(f.pcm[: 2 * f.audio_samples] for _, f in call.sent[5:])
-    assert voice == talk + _audio(10) + _voice(100)  # every voice sample was sent
-
-
-def test_nothing_is_shed_in_the_hold_off() -> None:
-    call = Call()
-    call.push(0.0, _voice(100), "a")
-    call.run_until(120.0)
-    # 50 ms late, then a pause 40 ms on: the delay is kept while audio came late lately.
-    call.push(150.0, _voice(40) + _audio(200) + _voice(100), "a")
-    call.run_until(600.0)
-    assert call.pacer.shed_ms == 0.0
-    assert call.pacer.delay_debt_ms == 50.0
+    assert voice == _voice(20) + _audio(10) + _voice(100)  # every voice sample was sent
 
 
 def test_a_late_poll_with_audio_waiting_is_owed_and_won_back() -> None:
     """This loop itself was late (a stall): the provider ran dry with audio here."""
     call = Call()
-    talk = _voice(100 + SHED_HOLDOFF_MS)
-    call.push(0.0, talk + _audio(100) + _voice(100), "a")
+    call.push(0.0, _voice(60) + _audio(100) + _voice(100), "a")
     call.run_until(20.0)
     assert call.pacer.queued_until_ms == 80.0  # four frames out, the lead is full
     call.poll(150.0)  # descheduled from 20 to 150 ms: the caller heard 70 ms of silence
     assert call.pacer.underruns == 1
     assert call.pacer.underrun_ms == 70.0
-    call.run_until(SHED_HOLDOFF_MS + 700.0)
+    call.run_until(600.0)
     assert call.pacer.shed_ms == 70.0  # three silent frames and 10 ms cut from a fourth
     assert call.pacer.delay_debt_ms == 0.0
     voice = b"".join(f.pcm[: 2 * f.audio_samples] for _, f in call.sent)
-    assert voice == talk + _audio(30) + _voice(100)  # every voice sample was sent
+    assert voice == _voice(60) + _audio(30) + _voice(100)  # every voice sample was sent
 
 
 def test_loud_audio_is_never_shed() -> None:
@@ -261,24 +245,16 @@ def test_loud_audio_is_never_shed() -> None:
 
 def test_nothing_is_shed_when_the_delay_is_not_held_here() -> None:
     """A brain that is simply later now: its audio comes in real time, nothing waits."""
-    arrivals = [(150.0 + 20 * k, _audio(20), "a") for k in range(20 + int(SHED_HOLDOFF_MS) // 20)]
-    eager = Call(shed_holdoff_ms=0.0)
-    eager.push(0.0, _voice(100), "a")
-    eager.run_until(120.0)
-    eager.run_until(600.0, arrivals)
+    call = Call()
+    call.push(0.0, _voice(100), "a")
+    call.run_until(120.0)
+    arrivals = [(150.0 + 20 * k, _audio(20), "a") for k in range(20)]
+    call.run_until(600.0, arrivals)
     # Only the start allowance (150 -> 170 ms) held audio here; that is won back ...
-    assert eager.pacer.shed_ms == 20.0
+    assert call.pacer.shed_ms == 20.0
     # ... and the 50 ms the brain itself is late stays owed, never shed into a gap.
-    assert eager.pacer.delay_debt_ms == 50.0
-    assert eager.pacer.underruns == 1
-    # After the hold-off the start allowance is queued at the provider, not held
-    # here: it stays, a cushion for the next lateness.
-    held = Call()
-    held.push(0.0, _voice(100), "a")
-    held.run_until(120.0)
-    held.run_until(SHED_HOLDOFF_MS + 600.0, arrivals)
-    assert held.pacer.shed_ms == 0.0
-    assert held.pacer.delay_debt_ms == 70.0
+    assert call.pacer.delay_debt_ms == 50.0
+    assert call.pacer.underruns == 1
 
 
 def test_debt_belongs_to_its_item_and_a_clear_forgets_it() -> None:
@@ -376,10 +352,9 @@ def test_a_bridge_is_won_back_in_the_next_pause() -> None:
     call = Call(bridge_frames=BRIDGE_FRAMES)
     arrivals = [(20.0 * i, _voice(20), "a") for i in range(10)]
     arrivals += [(230.0 + 20.0 * i, _voice(20), "a") for i in range(10)]
-    # The brain's audio arrives in a burst (as a reply's does), with a pause after
-    # the hold-off.
-    arrivals += [(440.0, _voice(SHED_HOLDOFF_MS) + _audio(100), "a"), (440.0, _voice(200), "a")]
-    call.run_until(SHED_HOLDOFF_MS + 700.0, arrivals)  # before the end of the item
+    # A pause, and the brain's audio arrives in a burst (as a reply's does).
+    arrivals += [(440.0, _audio(100), "a"), (440.0, _voice(200), "a")]
+    call.run_until(700.0, arrivals)  # before the end of the item (bridged too)
     assert call.pacer.bridges == BRIDGE_FRAMES
     assert call.pacer.shed_ms == 20.0 * BRIDGE_FRAMES
     assert call.pacer.delay_debt_ms == 0.0
@@ -424,30 +399,3 @@ def test_a_clear_ends_bridging() -> None:
     call.pacer.halt(60.0)
     call.run_until(300.0)
     assert call.pacer.bridges == 0
-
-
-def _late_echo(shed_holdoff_ms: float) -> Call:
-    """An echo stream (a frame every 20 ms, a pause every 100 ms) whose frames at 0.2,
-    0.6, 1.0 and 1.4 s come 15 ms late, played to 1.6 s."""
-    call = Call(bridge_frames=BRIDGE_FRAMES, shed_holdoff_ms=shed_holdoff_ms)
-    late = {10, 30, 50, 70}
-    arrivals = [
-        (20.0 * k + (15.0 if k in late else 0.0), _audio(20) if k % 5 == 4 else _voice(20), "a")
-        for k in range(90)
-    ]
-    call.run_until(1600.0, arrivals)
-    return call
-
-
-def test_audio_late_again_and_again_keeps_one_cushion() -> None:
-    # Shed at the first pause, each late frame costs a bridge: the delay flips
-    # between two values at every one (40 ms of silence in, 40 ms cut, four times).
-    eager = _late_echo(0.0)
-    assert eager.pacer.bridges == 4 * BRIDGE_FRAMES
-    assert eager.pacer.shed_ms == 4 * 20.0 * BRIDGE_FRAMES
-    # With the hold-off the first bridge's cushion is still there for the others.
-    held = _late_echo(SHED_HOLDOFF_MS)
-    assert held.pacer.bridges == BRIDGE_FRAMES
-    assert held.pacer.shed_ms == 0.0
-    assert held.pacer.delay_debt_ms == 20.0 * BRIDGE_FRAMES
-    assert held.pacer.underruns == eager.pacer.underruns == 0
