@@ -98,7 +98,7 @@ SETTLE_S = 30.0
 #: RSS samples taken during the attack (one per equal slice of it).
 RSS_SAMPLES = 4
 #: Pacer lateness thresholds shown (s; buckets of gateway/metrics.py): half a frame, a
-#: frame, past the 40 ms start allowance, and far past it.
+#: frame, past the old 40 ms start allowance (now 60 ms, media/pacer.py), and far past it.
 LATENESS_SHOWN_S = (0.01, 0.02, 0.05, 0.1)
 #: Server errors kept verbatim in the report (the count is kept whole).
 MAX_ERRORS_KEPT = 20

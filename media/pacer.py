@@ -50,10 +50,16 @@ __all__ = [
 #: sets the default at <= 60 ms): three frames absorb socket and event-loop
 #: jitter while bounding what the caller still hears after a barge-in.
 DEFAULT_LEAD_MS = 60.0
-#: Jitter allowance before playout starts (seed decision): wait for this much
-#: audio, or this long, so a brain's first chunks arriving unevenly do not
-#: starve the first frames.
-DEFAULT_START_MS = 40.0
+#: Jitter allowance before playout starts: wait for this much audio, or this long,
+#: so a brain's first chunks arriving unevenly do not starve the first frames. Audio
+#: that arrives at exactly real time (the echo brain, a caller's own voice relayed)
+#: keeps this less one frame queued at the provider for the whole call, so it is
+#: also the cushion against the path's jitter. Measured (three echo calls at once,
+#: 8 s, two bursty CPU loads on the 2-core dev VM, 24 calls per arm, 2026-12-05):
+#: at 40 ms the queue held 3-23 ms at p1 when a frame arrived and 7 of 24 calls
+#: had a bridge or gap spoil a window; at 60 ms 21-34 ms and none, for a round
+#: trip of 48-54 ms instead of 27-48 ms. Was 40 ms (seed decision).
+DEFAULT_START_MS = 60.0
 #: Float slack in time comparisons (ms) so that a poll at exactly the time
 #: next_poll_ms() returned makes progress despite rounding of clock readings.
 TIME_EPSILON_MS = 1e-6

@@ -670,6 +670,10 @@ async def test_outbound_dial_connects_and_fifth_call_is_worker_full(
     assert {e.leg for e in ended} == set(legs)
     assert {e.reason for e in ended} == {"local_hangup"}
     await _until(lambda: ua.ua.active_legs == 0)
+    # The peer holds four calls at most too: let it see every BYE before the next
+    # INVITE, or a loaded machine has it answer busy (a local suite run timed out here).
+    for _ in legs:
+        await peer.expect("state", lambda e: e["state"] == "DISCONNECTED")
     # A slot is free again.
     leg = await ua.ua.dial(target)
     await ua.expect(LegConnected, lambda e: e.leg == leg)
