@@ -210,3 +210,20 @@ async def tenant_key(client: httpx.AsyncClient, tenant: str, label: str = "test"
     assert response.status_code == 201, response.text
     key: str = response.json()["key"]
     return key
+
+
+#: Most of a rerun test's failure message shown in the summary (a window list is ~600).
+RERUN_MESSAGE_CHARS = 1500
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say why each rerun test failed its first run (pytest-rerunfailures names it only),
+    so a CI log that passed on a rerun still shows what the first run heard."""
+    reruns = terminalreporter.stats.get("rerun", [])
+    if not reruns:
+        return
+    terminalreporter.section("why tests were rerun (their first run's failure)")
+    for report in reruns:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        message = crash.message if crash is not None else str(report.longrepr)
+        terminalreporter.write_line(f"{report.nodeid}: {message[:RERUN_MESSAGE_CHARS]}")
