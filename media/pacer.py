@@ -58,7 +58,7 @@ DEFAULT_LEAD_MS = 60.0
 #: 8 s, two bursty CPU loads on the 2-core dev VM, 24 calls per arm, 2026-12-05):
 #: at 40 ms the queue held 3-23 ms at p1 when a frame arrived and 7 of 24 calls
 #: had a bridge or gap spoil a window; at 60 ms 21-34 ms and none, for a round
-#: trip of 48-54 ms instead of 27-48 ms. Was 40 ms (seed decision).
+#: trip of 47-54 ms instead of 27-48 ms. Was 40 ms (seed decision).
 DEFAULT_START_MS = 60.0
 #: Float slack in time comparisons (ms) so that a poll at exactly the time
 #: next_poll_ms() returned makes progress despite rounding of clock readings.
