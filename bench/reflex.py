@@ -30,6 +30,10 @@ caller talks over every reply :data:`OFFSETS_MS` into it, with utterances of
   ones, backchannel length, shown apart);
 - *resumed*: interruptions paused in time whose pause was then undone (too
   little speech to confirm: the assistant went on where it paused);
+- *over*: of those, the ones whose caller spoke :data:`MISS_GOAL_MIN_S` or
+  more: the assistant stopped for a moment, then talked on over the caller,
+  and was never cut while they spoke. To the caller that is an interruption
+  not heard, though a ``clear`` went out;
 - *pause P50/P95*: true speech onset → provider ``clear`` (onset: the
   first of :data:`ONSET_RUN_FRAMES` 20 ms frames in a row within
   :data:`ONSET_BELOW_ACTIVE_DB` of the utterance's active level);
@@ -154,6 +158,8 @@ class Tally:
     missed_short: int = 0
     #: Interruptions paused in time and then resumed (not confirmed: too little speech).
     resumed: int = 0
+    #: Of those, utterances of MISS_GOAL_MIN_S or more: talked over after a moment's pause.
+    talked_over: int = 0
     #: Missed interruptions by caller level (dBFS) and by position in the call (0 = first).
     missed_by_level: dict[float, int] = field(default_factory=dict)
     missed_by_position: dict[int, int] = field(default_factory=dict)
@@ -199,7 +205,7 @@ def row(name: str, t: Tally) -> str:
     worst = max(t.played_errors_ms, default=0.0)
     return (
         f"{name:26} {t.trials:6d} {t.stalled:5d} {t.missed:6d} {t.missed_short:5d} "
-        f"{t.resumed:7d} "
+        f"{t.resumed:7d} {t.talked_over:4d} "
         f"{pct(t.pauses_ms, 50):7.0f}ms {pct(t.pauses_ms, 95):5.0f} "
         f"{pct(t.later_pauses_ms, 95):5.0f} "
         f"{pct(t.stops_ms, 50):6.0f}ms {pct(t.stops_ms, 95):5.0f} "
@@ -240,8 +246,11 @@ def paused_at(rig: ReflexRig, at_ms: float) -> bool:
     return bool(before) and before[-1].state == "interrupted"
 
 
-def run_call(line: Line, caller: list[Utterance], voice: bytes, tally: Tally) -> None:
-    """One call of INTERRUPTIONS_PER_CALL interruptions by one caller over ``voice`` replies."""
+def run_call(line: Line, caller: list[Utterance], voice: bytes, tally: Tally) -> ReflexRig:
+    """One call of INTERRUPTIONS_PER_CALL interruptions by one caller over ``voice`` replies.
+
+    Adds its figures to ``tally``; returns the rig, as the call left it.
+    """
     chosen = [caller[i % len(caller)] for i in range(INTERRUPTIONS_PER_CALL + 1)]
     scaled = [
         scale_to_dbfs(u.pcm24, CALLER_LEVELS_DBFS[i % len(CALLER_LEVELS_DBFS)])
@@ -296,6 +305,8 @@ def run_call(line: Line, caller: list[Utterance], voice: bytes, tally: Tally) ->
             continue
         if not any(clears[0] <= t <= end + EOT_WINDOW_MS for t, _ in cuts):
             tally.resumed += 1
+            if end_s - on_s >= MISS_GOAL_MIN_S:
+                tally.talked_over += 1
         tally.pauses_ms.append(max(0.0, clears[0] - onset))
         if position:
             tally.later_pauses_ms.append(max(0.0, clears[0] - onset))
@@ -310,6 +321,7 @@ def run_call(line: Line, caller: list[Utterance], voice: bytes, tally: Tally) ->
             continue
         pause_at = max([t for t in rig.clears_ms if t <= at_ms], default=at_ms)
         tally.played_errors_ms.append(abs(cut.played_ms - rig.heard_ms(cut.item, pause_at)))
+    return rig
 
 
 def false_run(
@@ -385,6 +397,7 @@ def main() -> None:
     )
     header = (
         f"{'line':26} {'trials':>6} {'stall':>5} {'missed':>6} {'<0.5s':>5} {'resumed':>7} "
+        f"{'over':>4} "
         f"{'pause P50':>9} {'P95':>5} {'2nd+':>5} {'stop P50':>8} {'P95':>5} "
         f"{'played err P95/max':>18} {'EOT P50':>7} {'P95':>5}"
     )
@@ -413,6 +426,7 @@ def main() -> None:
         total.missed += tally.missed
         total.missed_short += tally.missed_short
         total.resumed += tally.resumed
+        total.talked_over += tally.talked_over
         total.trials += tally.trials
         total.pre_paused += tally.pre_paused
         total.stalled += tally.stalled
@@ -428,6 +442,10 @@ def main() -> None:
     print(
         f"  {total.pre_paused} interruptions began while playout was already paused "
         "(counted as heard, latency not counted)"
+    )
+    print(
+        f"  {total.talked_over} of the {total.resumed} resumed had the caller speak "
+        f">= {MISS_GOAL_MIN_S} s (the assistant talked on over them after a moment's pause)"
     )
     print(
         f"  goals: 0 missed >= {MISS_GOAL_MIN_S} s; pause P95 <= {PAUSE_P95_GOAL_MS:.0f} ms; "

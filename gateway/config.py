@@ -19,6 +19,7 @@ from gateway.http_guard import DEFAULT_MAX_PER_SOURCE
 from gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES, MediaEngineConfig
 from gateway.reflex import (
     CONFIRM_MS,
+    CONFIRM_PROBABILITY,
     PAUSE_FLOOR_DBFS,
     PAUSE_MS,
     PAUSE_ON,
@@ -81,6 +82,9 @@ def _reflex_config(env: Mapping[str, str]) -> ReflexConfig:
         pause_on=_pause_on(env),
         pause_probability=env_float(
             env, "RUTSTER_BARGE_IN_PAUSE_PROBABILITY", PAUSE_PROBABILITY, minimum=0.0
+        ),
+        confirm_probability=env_float(
+            env, "RUTSTER_BARGE_IN_CONFIRM_PROBABILITY", CONFIRM_PROBABILITY, minimum=0.0
         ),
         barge_in=env_bool(env, "RUTSTER_BARGE_IN", True),
         dtmf_barge_in=env_bool(env, "RUTSTER_DTMF_BARGE_IN", False),

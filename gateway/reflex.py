@@ -26,12 +26,12 @@ holds near-end energy that the assistant's own delayed audio cannot explain.
 *pauses* playout (frames of near-end sound at ``pause_floor_dbfs`` or louder;
 what more the VAD must say is :class:`PauseOn`). The frames the provider had
 queued but not played come back into the buffer, the pacer halts and the
-provider gets ``clear``. Then either ``confirm_ms`` of speech, counted from the
-pause, *confirms* it: the buffer is flushed and the brain gets
-``speech_started{interrupted, item, played_ms}`` with what the caller actually
-heard of that item. Or ``resume_ms`` without speech *resumes* playout where
-it paused, because it was a noise burst. A cut item is cancelled once: its
-later audio is dropped.
+provider gets ``clear``. Then either ``confirm_ms`` of speech (at the VAD's
+``confirm_probability``), counted from the pause, *confirms* it: the buffer is
+flushed and the brain gets ``speech_started{interrupted, item, played_ms}``
+with what the caller actually heard of that item. Or ``resume_ms`` without
+speech *resumes* playout where it paused, because it was a noise burst. A cut
+item is cancelled once: its later audio is dropped.
 
 **Turns.** Outside playout, a turn starts after ``min_speech_ms`` of speech
 within ``onset_window_ms`` (clicks and coughs are not turns), and ends after
@@ -115,6 +115,15 @@ PAUSE_SPEECH_MS = 20
 #: but one -35 dBFS callers) for 3.0 / 2.6 / 1.7 / 1.7 noise pauses a minute, P95
 #: 330 ms each: 0.2 is the one that misses none within the issue's 3 a minute.
 PAUSE_PROBABILITY = 0.2
+#: VAD probability a frame needs, while paused, to count toward confirming the cut.
+#: Chosen on the tune split (bench/reflex.py --split tune, with the echo gate's
+#: proven floor under a delay's ERL): at Silero's own 0.5 (SPEECH_THRESHOLD, which
+#: turns keep) 18 interruptions of 0.5 s or more were paused and then resumed, the
+#: assistant talking on over a caller Silero scored 0.2-0.5 (quiet callers, line
+#: noise); 0.35 / 0.3 / 0.2 left 13 / 12 / 10, for noise-alone cuts of 1.07 / 1.18 /
+#: 1.39 a minute against 1.18 and pause P95 190 / 200 / 210 ms against 190. 0.35 is
+#: the lowest with neither the cuts nor the P95 above 0.5's.
+CONFIRM_PROBABILITY = 0.35
 #: A hold ends while the provider still has this much queued (ms): the next caller
 #: frame, and with it the next chance to feed the provider, comes one frame later.
 HOLD_RELEASE_LEAD_MS = float(FRAME_MS)
@@ -146,6 +155,7 @@ class ReflexConfig:
     pause_on: PauseOn = PAUSE_ON
     pause_speech_ms: float = PAUSE_SPEECH_MS
     pause_probability: float = PAUSE_PROBABILITY
+    confirm_probability: float = CONFIRM_PROBABILITY
     dtmf_barge_in: bool = False
     #: Off for brains that must never be cut (the echo brain, announcements):
     #: caller speech then only drives turns.
@@ -345,7 +355,10 @@ class ReflexLoop:
         elif pause_speech:
             self._speech_in_near_run += 1
         if self.state is ReflexState.INTERRUPTED:
-            self._while_paused(frame, speech, now_ms, actions)
+            # Confirmation has its own threshold (CONFIRM_PROBABILITY); turns keep the
+            # detector's.
+            confirming = near_end and probability >= self.config.confirm_probability
+            self._while_paused(frame, confirming, now_ms, actions)
         elif self.state is ReflexState.SPEAKING and self.config.barge_in:
             self._while_speaking(loud, pause_speech, now_ms, actions)
         else:

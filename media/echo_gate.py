@@ -708,7 +708,8 @@ class EchoGate:
             self._lag_max + self._spread - self._lag_min + 1, -math.inf
         )
         self._proof_start = 0
-        # Per lag (rows as _proof): the ERL in use while no delay is known.
+        # Per lag (rows as _proof): the ERL in use while no delay is known, and
+        # with one, the floor under the delay's (_proven_at).
         self._lag_erl: npt.NDArray[np.float64] = np.full(len(self._proof), config.min_erl_db)
         # Every lag's ERL in use has reached max_erl_db (proofs only rise): see _prove_lags.
         self._lags_clean = False
@@ -849,9 +850,11 @@ class EchoGate:
             self._judged_env.put(slot, max(level, _ENVELOPE_FLOOR_DBFS))
 
         delay = self._delay
-        # Per-lag bounds serve only while no delay is known (finding one starts
-        # them afresh), so they are not kept up once one is.
-        lag_echo = self._prove_lags(slot, level) if delay is None else DIGITAL_SILENCE_DBFS
+        # Per-lag bounds are kept up whether or not a delay is known (finding one
+        # starts them afresh): without one they give the echo allowed at every
+        # lag; with one, the least ERL the delay's lags are proven to have
+        # (_update_erl).
+        lag_echo = self._prove_lags(slot, level)
         if delay is None:
             lo, hi = self._lag_min, self._lag_max + self._spread
         else:
@@ -1293,9 +1296,21 @@ class EchoGate:
                 ordered = np.partition(self._erl_ratios[:count], (rank, middle))
                 self._erl_median = median = float(ordered[middle])
                 target = max(float(ordered[rank]), median - self._config.erl_spread_db)
+            # Never under what the delay's lags are proven to have, whoever talked.
+            # A delay can be found on turn-taking alone (a caller who starts the same
+            # few hundred ms into every answer); with no echo there, no echo-alone
+            # evidence ever comes, and the worst ERL assumed would stay in use for
+            # the rest of the call: a caller quieter than the assistant less 6 dB
+            # taken for its echo, and interruptions resumed over them (tune split).
+            target = max(target, self._proven_at(delay))
         target = min(max(target, _ERL_FLOOR_DB), self._config.max_erl_db)
         rise = self._config.max_erl_rise_db_per_s * self._update_every * FRAME_MS / 1000.0
         self._erl = min(target, self._erl + rise) if target > self._erl else target
+
+    def _proven_at(self, delay: int) -> float:
+        """The least ERL in use (:meth:`_prove_lags`) within the spread of lag ``delay``."""
+        k = self._lag_max + self._spread - delay
+        return float(self._lag_erl[max(0, k - self._spread) : k + self._spread + 1].min())
 
     def _echo_alone(self, slot: int, delay: int, frames: int) -> bool:
         """Whether the capture envelope of the last ``frames`` follows the render's at ``delay``."""

@@ -398,10 +398,13 @@ def test_reflex_knobs_from_the_environment() -> None:
             "RUTSTER_ECHO_CANCELLER": "on",
             "RUTSTER_BARGE_IN_PAUSE_ON": "Energy",
             "RUTSTER_BARGE_IN_PAUSE_PROBABILITY": "0.6",
+            "RUTSTER_BARGE_IN_CONFIRM_PROBABILITY": "0.45",
         }
     )
     assert config.reflex.pause_on is PauseOn.ENERGY
     assert config.reflex.pause_probability == 0.6
+    assert config.reflex.confirm_probability == 0.45
+    assert GatewayConfig.from_env({}).reflex.confirm_probability == 0.35
     assert GatewayConfig.from_env({}).reflex.pause_on is PauseOn.SPEECH
     assert not config.reflex.barge_in
     assert config.reflex.confirm_ms == 500
@@ -424,6 +427,7 @@ def test_reflex_knobs_from_the_environment() -> None:
             "RUTSTER_BARGE_IN_PAUSE_ON must be one of energy, speech, hold",
         ),
         ({"RUTSTER_BARGE_IN_PAUSE_PROBABILITY": "-1"}, "must be >= 0"),
+        ({"RUTSTER_BARGE_IN_CONFIRM_PROBABILITY": "nan"}, "must be >= 0"),
     ],
 )
 def test_reflex_knob_errors_are_clear(env: dict[str, str], message: str) -> None:
