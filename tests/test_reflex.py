@@ -574,3 +574,28 @@ def test_an_echo_delay_found_on_turn_taking_alone_does_not_hide_the_caller(
     settled = [v.erl_db for t, v in zip(times_s, rig.verdicts, strict=True) if t >= found[0] + 2]
     assert min(settled) >= 20.0, min(settled)
     assert tally.missed == 0 and tally.talked_over <= 2, tally  # 8 before (2 after)
+
+
+@pytest.mark.parametrize("carry_ms", [0.0, None])
+def test_two_short_words_with_a_gap_between_are_one_interruption(carry_ms: float | None) -> None:
+    # "Yes ... okay": two words of ~320 ms, 340 ms apart, over the assistant. Each
+    # alone is short of CONFIRM_MS (350 ms), and the gap is more than RESUME_MS (200
+    # ms): the first pause resumed on the gap, the second on the word's end, and the
+    # assistant talked on over the caller (tune split: four lines, one utterance).
+    # The pause after a resume goes on counting the speech of the one resumed
+    # (PAUSE_CARRY_MS); with that off (carry_ms=0) the old behaviour is pinned.
+    word_1 = speech_24k(CALLER_FROM_S, 0.32)
+    word_2 = speech_24k(CALLER_FROM_S + 0.5, 0.32)
+    gap = bytes(2 * int(RATE * 0.34))
+    config = ReflexConfig() if carry_ms is None else ReflexConfig(pause_carry_ms=carry_ms)
+    rig = ReflexRig(seconds=5.0, echo_delay_ms=200, echo_loss_db=20, config=config)
+    rig.say(REPLY, "item_1", at_s=0.2)
+    rig.caller_audio(word_1 + gap + word_2, at_s=1.5)
+    rig.run()
+    cuts = [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted]
+    assert len(rig.of_type("barge_in_paused")) == 2, rig.states()
+    if carry_ms == 0.0:
+        assert not cuts and len(rig.of_type("barge_in_resumed")) == 2
+    else:
+        assert cuts and cuts[0].item == "item_1"
+        assert len(rig.of_type("barge_in_resumed")) == 1
