@@ -854,7 +854,7 @@ class EchoGate:
         # starts them afresh): without one they give the echo allowed at every
         # lag; with one, the least ERL the delay's lags are proven to have
         # (_update_erl).
-        lag_echo = self._prove_lags(slot, level)
+        lag_echo = self._prove_lags(slot, level, allowed=delay is None)
         if delay is None:
             lo, hi = self._lag_min, self._lag_max + self._spread
         else:
@@ -998,7 +998,7 @@ class EchoGate:
         out = canceller.process(np.frombuffer(frame, dtype=np.int16), far)
         return out.astype("<i2", copy=False).tobytes()
 
-    def _prove_lags(self, slot: int, level: float) -> float:
+    def _prove_lags(self, slot: int, level: float, *, allowed: bool) -> float:
         """Raise every lag's proven ERL from this frame; the echo they allow in it (dBFS).
 
         The echo in a frame is never louder than the frame (energies add), so
@@ -1009,7 +1009,9 @@ class EchoGate:
         ``proof_wobble_db``. Each lag's ERL in use follows its bound up by at
         most ``max_proof_rise_db_per_s`` and never falls but with a new echo
         path (:meth:`_forget_delay`, :meth:`_update_erl`). Returns the loudest
-        echo any lag allows: the render within ``delay_spread_ms`` of each lag
+        echo any lag allows (only when ``allowed``: with a delay known it goes
+        unused, and :data:`DIGITAL_SILENCE_DBFS` comes back instead): the
+        render within ``delay_spread_ms`` of each lag
         less the weakest ERL there.
         """
         spread = self._spread
@@ -1023,14 +1025,13 @@ class EchoGate:
         if self._lags_clean:
             # Every lag proven to the most any ERL may be (bounds only rise): nothing
             # here can change, and the echo allowed is the loudest render less that.
-            return peak - self._config.max_erl_db
+            return peak - self._config.max_erl_db if allowed else DIGITAL_SILENCE_DBFS
         # Row j is the window shifted by j: the quietest and loudest over the spread
         # in two reductions (a loop of minimum/maximum cost ~3x as much).
         shifted: npt.NDArray[np.float64] = np.ndarray(
             (2 * spread + 1, lags), np.float64, window, 0, (_ITEM, _ITEM)
         )
         quietest = shifted.min(axis=0)
-        loudest = shifted.max(axis=0)
         if slot >= self._proof_start:
             bound = np.where(
                 quietest > _ENVELOPE_FLOOR_DBFS,
@@ -1042,6 +1043,9 @@ class EchoGate:
         lag_erl = self._lag_erl
         np.minimum(target, lag_erl + self._proof_rise, out=lag_erl)
         self._lags_clean = float(lag_erl.min()) >= self._config.max_erl_db
+        if not allowed:
+            return DIGITAL_SILENCE_DBFS
+        loudest = shifted.max(axis=0)
         # The weakest ERL within the spread of each lag (the echo may sit between).
         weakest = lag_erl.copy()
         for shift in range(1, spread + 1):
