@@ -27,7 +27,9 @@ holds near-end energy that the assistant's own delayed audio cannot explain.
 what more the VAD must say is :class:`PauseOn`). The frames the provider had
 queued but not played come back into the buffer, the pacer halts and the
 provider gets ``clear``. Then either ``confirm_ms`` of speech (at the VAD's
-``confirm_probability``), counted from the pause, *confirms* it: the buffer is
+``confirm_probability``), counted from the pause, *confirms* it (as does
+``confirm_ms`` of the caller's voice energy holding ``confirm_speech_in_voice_ms``
+of such speech): the buffer is
 flushed and the brain gets ``speech_started{interrupted, item, played_ms}``
 with what the caller actually heard of that item. Or ``resume_ms`` without
 speech *resumes* playout where it paused, because it was a noise burst. A cut
@@ -132,6 +134,17 @@ CONFIRM_PROBABILITY = 0.35
 #: / 8 interruptions talked over, with noise-alone pauses and cuts (2.89 and 1.07 a
 #: minute) and pause P95 (190 ms) the same at all three.
 PAUSE_CARRY_MS = 500.0
+#: A pause is also confirmed by CONFIRM_MS of the caller's voice energy (frames
+#: near end and at PAUSE_FLOOR_DBFS or louder) of which this much is speech at
+#: CONFIRM_PROBABILITY: a caller Silero scores 0.2-0.6 word by word (line noise,
+#: a quiet or breathy voice) reached CONFIRM_MS of speech only after their
+#: utterance ended, and was talked over (tune split: a -22 dBFS caller on the
+#: -45 dBFS noise line, 16 of 18 frames in a 0.5 s utterance). Chosen on the tune
+#: split (with the values above): 20 / 100 / 180 / 260 ms left 6 / 6 / 6 / 7
+#: interruptions talked over against 8, with noise-alone pauses (2.89 a minute) and
+#: pause P95 (190 ms) unchanged at each, and noise-alone cuts unchanged (1.07 a
+#: minute) but at 20 ms (1.18); 180 ms is the most speech of those that left 6.
+CONFIRM_SPEECH_IN_VOICE_MS = 180.0
 #: A hold ends while the provider still has this much queued (ms): the next caller
 #: frame, and with it the next chance to feed the provider, comes one frame later.
 HOLD_RELEASE_LEAD_MS = float(FRAME_MS)
@@ -165,6 +178,7 @@ class ReflexConfig:
     pause_probability: float = PAUSE_PROBABILITY
     confirm_probability: float = CONFIRM_PROBABILITY
     pause_carry_ms: float = PAUSE_CARRY_MS
+    confirm_speech_in_voice_ms: float = CONFIRM_SPEECH_IN_VOICE_MS
     dtmf_barge_in: bool = False
     #: Off for brains that must never be cut (the echo brain, announcements):
     #: caller speech then only drives turns.
@@ -254,6 +268,8 @@ class _Pause:
     played_ms: int | None
     speech_frames: int = 0
     silence_run: int = 0
+    #: Frames of the caller's voice energy since the pause (near end, at the floor).
+    voice_frames: int = 0
     resume_state: ReflexState = ReflexState.SPEAKING
 
 
@@ -308,6 +324,7 @@ class ReflexLoop:
         self._trailing = config.frames(config.trailing_silence_ms)
         self._pause_frames = config.frames(config.pause_ms)
         self._confirm_frames = config.frames(config.confirm_ms)
+        self._confirm_in_voice = config.frames(config.confirm_speech_in_voice_ms)
         self._resume_frames = config.frames(config.resume_ms)
         self._speech_run = 0
         self._near_run = 0
@@ -369,7 +386,7 @@ class ReflexLoop:
             # Confirmation has its own threshold (CONFIRM_PROBABILITY); turns keep the
             # detector's.
             confirming = near_end and probability >= self.config.confirm_probability
-            self._while_paused(frame, confirming, now_ms, actions)
+            self._while_paused(loud, confirming, now_ms, actions)
         elif self.state is ReflexState.SPEAKING and self.config.barge_in:
             self._while_speaking(loud, pause_speech, now_ms, actions)
         else:
@@ -505,10 +522,12 @@ class ReflexLoop:
         self._enter(ReflexState.INTERRUPTED)
 
     def _while_paused(
-        self, frame: bytes, speech: bool, now_ms: float, actions: list[ReflexAction]
+        self, loud: bool, speech: bool, now_ms: float, actions: list[ReflexAction]
     ) -> None:
         pause = self._pause
         assert pause is not None
+        if loud:
+            pause.voice_frames += 1
         # Every frame is speech (the VAD's, near end) or not: a level floor here made
         # quiet speech count as neither, and a VAD calling such frames speech held the
         # assistant paused, unconfirmed, for the rest of a call (tune split); counted as
@@ -518,7 +537,11 @@ class ReflexLoop:
             pause.silence_run = 0
         else:
             pause.silence_run += 1
-        if pause.speech_frames >= self._confirm_frames:
+        if pause.speech_frames >= self._confirm_frames or (
+            # CONFIRM_MS of voice energy, with enough of it speech to be a voice.
+            pause.voice_frames >= self._confirm_frames
+            and pause.speech_frames >= self._confirm_in_voice
+        ):
             self._confirm(pause, now_ms, actions)
         elif pause.silence_run >= self._resume_frames:
             self._resume(pause, now_ms, actions)

@@ -23,6 +23,7 @@ from gateway.engine_rig import (
     ScriptedBrain,
 )
 from gateway.reflex import ClearProvider, PauseOn, ReflexConfig, ReflexState
+from media.endpointing import frame_level_dbfs
 from media.resample import StreamResampler
 from tests.conftest import SPEECH_WAV
 from trunk.events import ClearPlayback
@@ -599,3 +600,73 @@ def test_two_short_words_with_a_gap_between_are_one_interruption(carry_ms: float
     else:
         assert cuts and cuts[0].item == "item_1"
         assert len(rig.of_type("barge_in_resumed")) == 1
+
+
+class _HalfHeardVoice:
+    """A VAD that scores every frame above -40 dBFS by a repeating pattern, the rest 0.
+
+    ``(0.6, 0.6, 0.6, 0.2, 0.2, 0.2)`` is a voice Silero half hears, word by word (a
+    -22 dBFS caller on the tune split's -45 dBFS noise line scored 0.14-0.89).
+    """
+
+    def __init__(self, pattern: tuple[float, ...]) -> None:
+        self._pattern = pattern
+        self._heard = 0
+
+    def process(self, frame: bytes, near_end: bool = True) -> float:
+        if frame_level_dbfs(frame) < -40.0:
+            return 0.0
+        probability = self._pattern[self._heard % len(self._pattern)]
+        self._heard += 1
+        return probability
+
+    def reset(self) -> None:
+        self._heard = 0
+
+
+def _steady_sound(seconds: float, dbfs: float) -> bytes:
+    """Band-wide noise at ``dbfs``, 24 kHz s16le: energy that never dips between words."""
+    rng = np.random.default_rng(5)
+    return rng.normal(0, 32768 * 10 ** (dbfs / 20), int(seconds * RATE)).astype("<i2").tobytes()
+
+
+@pytest.mark.parametrize("in_voice_ms", [None, 10_000.0])
+def test_a_voice_the_vad_half_hears_is_not_talked_over(in_voice_ms: float | None) -> None:
+    # From the tune split (bench/reflex.py --split tune): on the -45 dBFS noise line a
+    # -22 dBFS caller spoke 0.5 s over the assistant, which paused at once; but Silero
+    # scored their frames 0.14-0.89, 16 of them at CONFIRM_PROBABILITY or more against
+    # the 18 (CONFIRM_MS) that confirm, the pause resumed when they stopped, and the
+    # assistant talked on over them. CONFIRM_MS of the caller's voice energy with
+    # CONFIRM_SPEECH_IN_VOICE_MS of speech in it now confirms as well; 10 s of it
+    # (never) pins the old behaviour.
+    config = (
+        ReflexConfig()
+        if in_voice_ms is None
+        else ReflexConfig(confirm_speech_in_voice_ms=in_voice_ms)
+    )
+    vad = _HalfHeardVoice((0.6, 0.6, 0.6, 0.2, 0.2, 0.2))
+    rig = ReflexRig(seconds=4.0, echo_loss_db=None, config=config, vad=vad)
+    rig.say(REPLY, "item_1", at_s=0.2)
+    rig.caller_audio(_steady_sound(0.6, -22.0), at_s=1.5)
+    rig.run()
+    assert len(rig.of_type("barge_in_paused")) == 1, rig.states()
+    cuts = [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted]
+    if in_voice_ms is None:
+        assert cuts and cuts[0].item == "item_1"
+        assert not rig.of_type("barge_in_resumed")
+    else:
+        assert not cuts and len(rig.of_type("barge_in_resumed")) == 1
+
+
+def test_loud_sound_the_vad_barely_hears_still_never_cuts() -> None:
+    # The other side of the rule above: a second of loud sound in which the VAD hears
+    # speech one frame in six (traffic, a fan) pauses the assistant and resumes it.
+    # Energy alone never confirms.
+    vad = _HalfHeardVoice((0.6, 0.25, 0.25, 0.25, 0.25, 0.25))
+    rig = ReflexRig(seconds=4.0, echo_loss_db=None, vad=vad)
+    rig.say(REPLY, "item_1", at_s=0.2)
+    rig.caller_audio(_steady_sound(1.0, -22.0), at_s=1.5)
+    rig.run()
+    assert rig.of_type("barge_in_paused") and rig.of_type("barge_in_resumed"), rig.states()
+    assert not [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted]
+    assert not rig.of_type("barge_in_confirmed")
