@@ -24,7 +24,12 @@ from gateway.backoff import TAP_RECONNECT_DELAYS_S
 from gateway.launcher import LOOPBACK, Service, echo_brain_process, gateway_process, spawn
 from media.pacer import DEFAULT_LEAD_MS
 from tests.conftest import eventually
-from tests.echo_checks import MAX_LASTING_STEP_SAMPLES, assert_echo_intact, transient_steps_only
+from tests.echo_checks import (
+    ECHO_SHORTFALL,
+    MAX_LASTING_STEP_SAMPLES,
+    assert_echo_intact,
+    transient_steps_only,
+)
 from tests.realtime_echo import realtime_echo
 from trunk.twilio.simulator import (
     TwilioSimulator,
@@ -108,7 +113,11 @@ async def test_three_simultaneous_calls_echo_the_speech(stack: Stack, speech_pcm
     assert final.get("rutster_signature_failures_total", 0.0) == 0
 
 
+@realtime_echo
 async def test_brain_killed_mid_call_comes_back(stack: Stack, speech_pcm: bytes) -> None:
+    # The echo after the reconnect is judged in real time (tests/realtime_echo.py): a
+    # clean-clone CI run at a254e0f failed it once with its last two windows at 0.80
+    # and 0.73 (a one-frame step and back), every window before them at 0.9999.
     url, token = stack.url, stack.token
     pcm = speech_pcm[: KILLED_BRAIN_CALL_S * 8000 * 2]
     sim = TwilioSimulator(url, auth_token=token)
@@ -161,7 +170,8 @@ async def test_brain_killed_mid_call_comes_back(stack: Stack, speech_pcm: bytes)
             [(w.correlation, w.lag_samples) for w in windows], MAX_LASTING_STEP_SAMPLES + stalls
         )
         assert problem is None, (
-            f"after reconnect (brain back at {back_at_s[0]:.1f} s): {problem}: {windows}"
+            f"{ECHO_SHORTFALL}: after reconnect (brain back at {back_at_s[0]:.1f} s): "
+            f"{problem}: {windows}"
         )
         final = await settled_metrics(url)
         assert final["rutster_tap_reconnects_total"] >= 1
