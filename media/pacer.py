@@ -17,8 +17,9 @@ start allowance on top.
 
 **Delay is won back.** Whenever the caller heard silence inside an item that
 the brain did not put there (the provider's queue ran dry because audio came
-late, the priming wait after it, the padding of a partial frame, a bridge),
-everything after it plays that much later. The
+late, the priming wait after it, the padding of a partial frame, a bridge, the
+queue run dry before a bridge this loop sent late), everything after it plays
+that much later. The
 pacer counts that silence as *delay debt* for the item and pays it back by
 shedding whole frames of the same item that are silent (a pause in speech),
 so a stall costs one short gap instead of a latency step for the rest of the
@@ -123,6 +124,7 @@ class Pacer:
         "_buffer",
         "_debt_item",
         "_debt_ms",
+        "_dry_ms",
         "_frame_ms",
         "_frame_samples",
         "_frames_sent",
@@ -193,6 +195,9 @@ class Pacer:
         # delays the item only by as much as it was still playing when audio came back.
         self._silence_ms = 0.0
         self._silence_item: str | None = None
+        # Of that silence, how much the caller heard as the provider's queue run dry
+        # before a late bridge (an underrun once the item goes on).
+        self._dry_ms = 0.0
         self._was_empty = True
         self._arrived_at = 0.0
         # Bridge frames sent at once; whether they were since the last frame of
@@ -317,6 +322,13 @@ class Pacer:
             elif self._bridge_due(now_ms):
                 # Nothing buffered and the provider about to run dry: frames of
                 # silence inside the item, owed and won back like any other.
+                dry_ms = now_ms - self._queued_until
+                if dry_ms > LATE_POLL_MIN_MS:
+                    # This loop was late (a stall) and the queue had already run dry:
+                    # the caller heard that silence before the bridge's, inside the
+                    # item, so it is owed like the bridge (a lasting step otherwise).
+                    self._sent_silence(dry_ms, self._last_item)
+                    self._dry_ms += dry_ms
                 room = int((max_lead - (base - now_ms) + TIME_EPSILON_MS) // frame_ms)
                 count = min(self._bridge_frames, room)
                 self._queued_until = base
@@ -442,6 +454,7 @@ class Pacer:
             return
         if self._silence_item != item:
             self._silence_ms = 0.0
+            self._dry_ms = 0.0
             self._silence_item = item
         self._silence_ms += ms
 
@@ -454,11 +467,17 @@ class Pacer:
             # the provider's queue would have run dry that much earlier (an underrun,
             # counted from the queue's end).
             self._owe(self._silence_ms, self._silence_item)
+            if self._dry_ms and self._buffer.next_item == self._silence_item:
+                # The same item goes on after its queue ran dry: a gap it heard.
+                self._underruns += 1
+                self._underrun_ms += self._dry_ms
             self._silence_ms = 0.0
+            self._dry_ms = 0.0
             self._silence_item = None
 
     def _forget_debt(self) -> None:
         self._silence_ms = 0.0
+        self._dry_ms = 0.0
         self._silence_item = None
         self._debt_ms = 0.0
         self._debt_item = None

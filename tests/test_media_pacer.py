@@ -414,3 +414,24 @@ def test_a_clear_ends_bridging() -> None:
     call.pacer.halt(60.0)
     call.run_until(300.0)
     assert call.pacer.bridges == 0
+
+
+def test_a_late_poll_that_bridges_owes_the_dry_queue_too() -> None:
+    """This loop was descheduled with nothing buffered (the brain's audio waited on
+    the same stall): the provider ran dry before the bridge left. Both silences are
+    owed and won back; before, only the bridge's was, and the dry part stayed as a
+    latency step for the rest of the call (seen on a loaded 2-core VM: +51/+65 ms)."""
+    call = Call(bridge_frames=BRIDGE_FRAMES)
+    call.run_until(190.0, [(20.0 * i, _voice(20), "a") for i in range(10)])
+    dry_from = call.pacer.queued_until_ms
+    stalled_to = dry_from + 65.0
+    call.poll(stalled_to)  # late, nothing buffered: the bridge leaves now
+    assert call.pacer.bridges == BRIDGE_FRAMES
+    # The brain's audio held up by the same stall arrives at once: a pause, then voice.
+    call.run_until(900.0, [(stalled_to + 5.0, _audio(200) + _voice(100), "a")])
+    assert call.pacer.underruns == 1
+    assert call.pacer.underrun_ms == pytest.approx(65.0)
+    assert call.pacer.shed_ms == pytest.approx(65.0 + 20.0 * BRIDGE_FRAMES)
+    assert call.pacer.delay_debt_ms == 0.0
+    voice = b"".join(f.pcm[: 2 * f.audio_samples] for _, f in call.sent)
+    assert voice.endswith(_voice(100))  # every voice sample was sent
