@@ -43,6 +43,7 @@ from tests.conftest import (
 )
 from tests.echo_checks import assert_echo_intact
 from tests.realtime_echo import realtime_echo
+from trunk.twilio.routes import MAX_WEBHOOK_FIELDS
 from trunk.twilio.simulator import (
     StreamInstructions,
     TwilioSimulator,
@@ -207,6 +208,35 @@ async def test_webhook_bad_bodies(gateway: RunningGateway) -> None:
     assert huge.status_code == 413
     assert no_sid.status_code == 400
     assert bad_sid.status_code == 400
+
+
+async def test_webhook_with_too_many_fields_is_refused_before_it_costs_the_loop(
+    gateway: RunningGateway,
+) -> None:
+    """Issue 14, finding 1: a webhook body of thousands of short fields cost the loop
+    23-40 ms to parse and sign-check, stalling every call; it is refused on a count."""
+    url = f"{gateway.url}/twilio/voice"
+    base = {"CallSid": "CA1", "From": "+1", "To": "+2"}
+    room = {**base, **{f"SipHeader_X-{i}": "v" for i in range(MAX_WEBHOOK_FIELDS - len(base))}}
+    over = {**base, **{f"SipHeader_X-{i}": "v" for i in range(MAX_WEBHOOK_FIELDS)}}
+    async with httpx.AsyncClient() as client:
+        fits = await client.post(url, data=room, headers=signed_headers(TEST_AUTH_TOKEN, url, room))
+        refused = await client.post(
+            url, data=over, headers=signed_headers(TEST_AUTH_TOKEN, url, over)
+        )
+        status = await client.post(
+            f"{gateway.url}/twilio/status",
+            content="&".join(["a=b"] * 1000),
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+    assert fits.status_code == 200
+    assert refused.status_code == 413 and str(MAX_WEBHOOK_FIELDS) in refused.text
+    assert status.status_code == 413
+    m = gateway.metric
+    assert m("rutster_bad_messages_total", source="twilio_webhook", reason="too_many_fields") == 1
+    assert m("rutster_bad_messages_total", source="twilio_status", reason="too_many_fields") == 1
+    # Refused on the count: the signature of the refused request was never checked.
+    assert m("rutster_signature_failures_total", endpoint="status") == 0
 
 
 @pytest.mark.parametrize("field", ["From", "To", "Direction"])

@@ -62,9 +62,18 @@ PARAM_TAP_URL = "tap_url"
 #: Query parameter of the voice webhook URL selecting a brain for that number
 #: (``https://gw/twilio/voice?brain=wss://...``); must be on the allowlist.
 QUERY_BRAIN = "brain"
-#: Largest voice-webhook body accepted. Twilio's form posts are a few hundred
-#: bytes to ~2 KB (PROVIDERS.md §1.1 field list); 64 KiB leaves ample margin.
-MAX_WEBHOOK_BODY_BYTES = 64 * 1024
+#: Largest webhook body accepted. Twilio's form posts are a few hundred bytes to
+#: ~2 KB (PROVIDERS.md §1.1 field list); 16 KiB leaves ample margin. It was 64 KiB
+#: until 2026-12-05: percent-decoding that much costs the event loop 4-5 ms per
+#: request, signed or not (measured, 2-core dev VM), about 1.2 ms at 16 KiB.
+MAX_WEBHOOK_BODY_BYTES = 16 * 1024
+#: Most form fields a webhook may carry. Twilio's voice and status webhooks send
+#: about 30 (PROVIDERS.md §1.1 field list), plus one ``SipHeader_*`` per custom SIP
+#: header on SIP calls; 200 leaves ample margin. Without it a 64 KiB body of short
+#: fields (~6,500-11,000) cost the event loop 23-40 ms to parse and check the
+#: signature of (measured, 2-core dev VM, 2026-12-05): every call on the gateway
+#: stalled that long per such request, signed or not. 199 fields cost 0.24 ms.
+MAX_WEBHOOK_FIELDS = 200
 #: Twilio CallSids: "CA" + 32 hex digits; we accept any short token of safe
 #: characters so simulators and other Twilio-compatible providers also work.
 CALL_SID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -92,6 +101,11 @@ def _signed_url(base: str, query: str) -> str:
     return f"{base}?{query}" if query else base
 
 
+def _too_many_fields(body: bytes) -> bool:
+    """More than :data:`MAX_WEBHOOK_FIELDS` fields, counted before anything is parsed."""
+    return body.count(b"&") >= MAX_WEBHOOK_FIELDS
+
+
 async def _read_body(request: Request, limit: int) -> bytes | None:
     chunks: list[bytes] = []
     size = 0
@@ -117,6 +131,9 @@ async def twilio_voice(request: Request) -> Response:
         if body is None:
             metrics.bad_messages.labels("twilio_webhook", "too_large").inc()
             return PlainTextResponse("request body too large", 413)
+        if _too_many_fields(body):
+            metrics.bad_messages.labels("twilio_webhook", "too_many_fields").inc()
+            return PlainTextResponse(f"more than {MAX_WEBHOOK_FIELDS} form fields", 413)
         try:
             params = parse_qsl(body.decode("utf-8"), keep_blank_values=True)
         except (UnicodeDecodeError, ValueError):
@@ -273,6 +290,9 @@ async def twilio_status(request: Request) -> Response:
     if content_type != "application/x-www-form-urlencoded" or body is None:
         state.metrics.bad_messages.labels("twilio_status", "bad_body").inc()
         return PlainTextResponse("expected a form body", 400)
+    if _too_many_fields(body):
+        state.metrics.bad_messages.labels("twilio_status", "too_many_fields").inc()
+        return PlainTextResponse(f"more than {MAX_WEBHOOK_FIELDS} form fields", 413)
     try:
         params = parse_qsl(body.decode("utf-8"), keep_blank_values=True)
     except (UnicodeDecodeError, ValueError):

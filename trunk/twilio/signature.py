@@ -48,13 +48,11 @@ class TwilioSignatureValidator:
 
         Raises ``UnicodeEncodeError`` for text that is not valid Unicode (lone surrogates).
         """
-        parts = [url]
-        for name, values in sorted(_group_params(params).items()):
-            # Distinct values only: twilio-python and twilio-node both de-duplicate (a set).
-            for value in sorted(values):
-                parts.append(name)
-                parts.append(value)
-        mac = hmac.new(self._key, "".join(parts).encode("utf-8"), hashlib.sha1)
+        return self._sign(url.encode("utf-8"), _signed_params(params))
+
+    def _sign(self, url: bytes, signed_params: bytes) -> str:
+        mac = hmac.new(self._key, url, hashlib.sha1)
+        mac.update(signed_params)
         return base64.b64encode(mac.digest()).decode("ascii")
 
     def validate(self, url: str, params: SignatureParams | None, signature: str | None) -> bool:
@@ -72,11 +70,14 @@ class TwilioSignatureValidator:
             return False
         presented = signature.encode("utf-8", "surrogatepass")
         valid = False
-        for candidate in candidates:
-            try:
-                expected = self.compute(candidate, params).encode("ascii")
-            except UnicodeEncodeError:  # a lone surrogate: nothing Twilio could have signed
-                return False
+        try:
+            # The parameters are the same under every URL variant: sorted and joined once.
+            signed_params = _signed_params(params)
+            urls = [candidate.encode("utf-8") for candidate in candidates]
+        except UnicodeEncodeError:  # a lone surrogate: nothing Twilio could have signed
+            return False
+        for candidate in urls:
+            expected = self._sign(candidate, signed_params).encode("ascii")
             # No short-circuit: every variant costs the same whether or not an earlier one matched.
             valid |= hmac.compare_digest(expected, presented)
         return valid
@@ -102,6 +103,17 @@ class TwilioSignatureValidator:
         )
         signature_ok = self.validate(url_with_body_sha256, None, signature)
         return body_ok and signature_ok
+
+
+def _signed_params(params: SignatureParams | None) -> bytes:
+    """What follows the URL in the signed string: each name, then each of its values."""
+    parts: list[str] = []
+    for name, values in sorted(_group_params(params).items()):
+        # Distinct values only: twilio-python and twilio-node both de-duplicate (a set).
+        for value in sorted(values):
+            parts.append(name)
+            parts.append(value)
+    return "".join(parts).encode("utf-8")
 
 
 def _group_params(params: SignatureParams | None) -> dict[str, set[str]]:
