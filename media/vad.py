@@ -343,17 +343,22 @@ class SileroDetector:
     """
 
     __slots__ = (
+        "_binding",
         "_fill",
         "_input",
+        "_output",
         "_probability",
         "_quiet_windows",
         "_rate",
         "_session",
         "_state",
+        "_state_out",
         "_windows",
     )
 
     def __init__(self) -> None:
+        import onnxruntime  # imported already by _silero_session
+
         self._session = _silero_session()
         self._rate = np.array(SILERO_SAMPLE_RATE, dtype=np.int64)
         # The model's input, [context | window], filled in place.
@@ -361,6 +366,19 @@ class SileroDetector:
             (1, _SILERO_CONTEXT + _SILERO_WINDOW), dtype=np.float32
         )
         self._state: npt.NDArray[np.float32] = np.zeros(_SILERO_STATE_SHAPE, dtype=np.float32)
+        self._state_out: npt.NDArray[np.float32] = np.zeros_like(self._state)
+        self._output: npt.NDArray[np.float32] = np.zeros((1, 1), dtype=np.float32)
+        # Every input and output bound once to these arrays (a CPU OrtValue shares
+        # the array's memory): a window then costs no copies and no allocations,
+        # ~10 µs of the ~72 µs session.run took here (measured, same outputs).
+        binding = self._session.io_binding()
+        to_ort = onnxruntime.OrtValue.ortvalue_from_numpy
+        binding.bind_ortvalue_input("input", to_ort(self._input))
+        binding.bind_ortvalue_input("state", to_ort(self._state))
+        binding.bind_ortvalue_input("sr", to_ort(self._rate))
+        binding.bind_ortvalue_output("output", to_ort(self._output))
+        binding.bind_ortvalue_output("stateN", to_ort(self._state_out))
+        self._binding = binding
         self._fill = _SILERO_CONTEXT
         self._probability = 0.0
         self._windows = 0
@@ -385,10 +403,8 @@ class SileroDetector:
         return self._probability
 
     def _run_window(self) -> None:
-        output, state = self._session.run(
-            None, {"input": self._input, "state": self._state, "sr": self._rate}
-        )
-        probability = self._probability = float(output[0, 0])
+        self._session.run_with_iobinding(self._binding)
+        probability = self._probability = float(self._output[0, 0])
         self._windows += 1
         self._quiet_windows = (
             self._quiet_windows + 1 if probability < SILERO_RESET_QUIET_PROBABILITY else 0
@@ -399,9 +415,10 @@ class SileroDetector:
         ):
             # Long-run drift (SILERO_RESET_EVERY_WINDOWS): start the state afresh in
             # a quiet stretch; the context (the audio just heard) is kept.
-            state = np.zeros(_SILERO_STATE_SHAPE, dtype=np.float32)
+            self._state.fill(0.0)
             self._windows = 0
-        self._state = state
+        else:
+            np.copyto(self._state, self._state_out)
         buffer = self._input[0]
         buffer[:_SILERO_CONTEXT] = buffer[-_SILERO_CONTEXT:]
         self._fill = _SILERO_CONTEXT
@@ -409,7 +426,7 @@ class SileroDetector:
     def reset(self) -> None:
         """Forget the recurrent state and the context."""
         self._input.fill(0.0)
-        self._state = np.zeros(_SILERO_STATE_SHAPE, dtype=np.float32)
+        self._state.fill(0.0)  # in place: the session is bound to this array
         self._fill = _SILERO_CONTEXT
         self._probability = 0.0
         self._windows = 0
