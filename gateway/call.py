@@ -308,6 +308,7 @@ class Call:
             self._report_underruns()
             if self.spend is not None:
                 await self._settle(reason)
+            self.engine.close()  # frees its audio history now, not at the GC's next full pass
             self.ended.set()
             log.info(
                 "call %s ended (%s): %.1fs, frames in=%d to_brain=%d out=%d, "

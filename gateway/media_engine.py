@@ -44,6 +44,7 @@ playout, cut items' audio dropped, spend).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
 
 from brains.tap import (
     AudioClear,
@@ -138,6 +139,14 @@ BrainCommand = BrainAudio | SpeechStarted | SpeechStopped | Dtmf
 EngineCommand = BrainCommand | IngressCommand | PlayoutOverflow | BadInput
 
 
+@runtime_checkable
+class ClosableEcho(Protocol):
+    """An echo judge with per-call state worth freeing when the call ends."""
+
+    def close(self) -> None:
+        """Free the call's state; the judge is not used again."""
+
+
 class MediaEngine:
     """One call's media, sans-I/O. Feed it events with the time; do what it returns."""
 
@@ -189,6 +198,22 @@ class MediaEngine:
         self.frames_out = 0
         self.marks_sent = 0
         self.last_mark_played: str | None = None
+        #: :meth:`close` ran: every input is ignored from then on.
+        self.closed = False
+
+    def close(self) -> None:
+        """The call is over: free its DSP state now and ignore every later input.
+
+        A call's objects sit in reference cycles (callbacks, the bus, cancelled tasks'
+        tracebacks), so they are freed only by the cyclic GC's full collections, seconds
+        to minutes later; under call churn the dead calls' audio history (~0.8 MiB each
+        in the echo gate) piled up (the hostile campaign's RSS plateau, bench/
+        hostile_campaign.py). Counters stay readable.
+        """
+        self.closed = True
+        self.wants_poll = False
+        if isinstance(self.echo, ClosableEcho):
+            self.echo.close()
 
     # ---- provider -> engine --------------------------------------------------
 
@@ -198,6 +223,8 @@ class MediaEngine:
         Stream lifecycle events (connected, start, stop) are the driver's and
         return nothing here.
         """
+        if self.closed:
+            return []
         self._now = now_ms
         if isinstance(event, AudioReceived):
             return self._on_audio(event.payload, now_ms)
@@ -241,6 +268,8 @@ class MediaEngine:
 
     def set_brain_connected(self, connected: bool) -> None:
         """The brain connection came up or went down (the call stays up either way)."""
+        if self.closed:
+            return
         if connected:
             self.reflex.on_brain_up()
         else:
@@ -253,6 +282,8 @@ class MediaEngine:
 
         Events that are not about media (tools, usage, errors) return nothing.
         """
+        if self.closed:
+            return []
         self._now = now_ms
         if isinstance(event, AudioOut):
             out: list[EngineCommand] = []
@@ -308,6 +339,8 @@ class MediaEngine:
 
     def poll(self, now_ms: float) -> list[IngressCommand]:
         """The provider commands due by ``now_ms``: a pending clear, frames, marks."""
+        if self.closed:
+            return []
         self._now = now_ms
         self.wants_poll = False
         out: list[IngressCommand] = []
@@ -347,6 +380,8 @@ class MediaEngine:
 
         A time at or before the last one given means at once.
         """
+        if self.closed:
+            return None
         now = self._now
         if self._clear_pending:
             return now

@@ -953,6 +953,20 @@ class EchoGate:
             vad_frame=vad_frame,
         )
 
+    def close(self) -> None:
+        """The call is over: free its audio history now. The gate must not be used again.
+
+        What goes is most of a gate's memory (~0.8 MiB: the render waveform ring and
+        the line canceller's 4 s timelines). A call's objects sit in reference cycles
+        (callbacks, cancelled tasks' tracebacks), so without this they wait for the
+        cyclic GC's full collection, and under call churn dead calls piled up
+        (gateway/media_engine.py MediaEngine.close).
+        """
+        self._lec = None
+        self._canceller = None
+        self._render_wave = np.zeros((0, WAVE_FRAME), np.float32)
+        self._render_pcm.clear()
+
     def reset(self) -> None:
         """Forget everything rendered and heard, delay and ERL included (as newly built)."""
         self._init_state()

@@ -142,6 +142,7 @@ async def test_call_leaves_no_tasks(gateway: RunningGateway, speech_pcm: bytes) 
     await eventually(lambda: call.ended.is_set())
     assert call.end_reason is not None and call.end_reason.value == "caller_hangup"
     assert all(t.done() for t in call.tasks)
+    assert call.engine.closed  # its audio history freed now, not at the GC's next full pass
     await eventually(lambda: {t for t in asyncio.all_tasks() if not t.done()} <= before)
     assert gateway.metric("rutster_call_tasks") == 0
 
