@@ -46,6 +46,7 @@ from trunk.sip.unparsed import (
 
 __all__ = [
     "DEFAULT_CODECS",
+    "SIP_BAD_REQUEST",
     "WHEEL_MAX_CALLS",
     "InviteArrived",
     "InviteInfo",
@@ -63,6 +64,7 @@ __all__ = [
     "SipUaError",
     "SipUserAgent",
     "UaSettings",
+    "UnparsedJudge",
 ]
 
 _log = logging.getLogger(__name__)
