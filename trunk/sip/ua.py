@@ -34,7 +34,6 @@ from typing import Any, Literal, TypeVar
 
 import pjsua2 as pj  # type: ignore[import-untyped]  # SWIG module without stubs
 
-from trunk.sip.header_lines import COMPACT_HEADERS, split_header_lines
 from trunk.sip.leg_playout import DEFAULT_FRAME_BYTES, LegPlayout
 from trunk.sip.pj_banner import lib_create_quietly
 from trunk.sip.source_filter import find_listening_sockets
@@ -122,6 +121,24 @@ _PJ_ETOOMANY = 70_010
 Transport = Literal["udp", "tcp"]
 EndReason = Literal["remote_bye", "local_hangup", "cancelled", "transferred", "error"]
 
+# RFC 3261 7.3.3 compact header forms, expanded so lookups use one name.
+_COMPACT_HEADERS = {
+    "i": "call-id",
+    "f": "from",
+    "t": "to",
+    "m": "contact",
+    "v": "via",
+    "l": "content-length",
+    "c": "content-type",
+    "k": "supported",
+    "s": "subject",
+    "e": "content-encoding",
+    "o": "event",
+    "r": "refer-to",
+    "b": "referred-by",
+    "u": "allow-events",
+    "x": "session-expires",
+}
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9!%*_+`'~.\-]+$")
 _VIA_TRANSPORT_RE = re.compile(r"SIP\s*/\s*2\.0\s*/\s*([A-Za-z]+)", re.IGNORECASE)
 
@@ -381,14 +398,22 @@ def parse_sip_headers(message: str) -> tuple[str, dict[str, str]]:
     with ``,`` (RFC 3261 7.3.1); at most ``MAX_INVITE_HEADERS`` names are kept
     and values are cut to ``MAX_HEADER_VALUE_CHARS``. Never raises on garbage.
     """
-    start_line, unfolded = split_header_lines(message)
+    head = re.split(r"\r?\n\r?\n", message, maxsplit=1)[0]
+    lines = re.split(r"\r?\n", head)
+    start_line = lines[0].strip() if lines else ""
+    unfolded: list[str] = []
+    for line in lines[1:]:
+        if line[:1] in (" ", "\t") and unfolded:
+            unfolded[-1] += " " + line.strip()
+        else:
+            unfolded.append(line)
     headers: dict[str, str] = {}
     for line in unfolded:
         name, sep, value = line.partition(":")
         name = name.strip().lower()
         if not sep or not name or not _TOKEN_RE.match(name):
             continue
-        name = COMPACT_HEADERS.get(name, name)
+        name = _COMPACT_HEADERS.get(name, name)
         value = value.strip()
         if name in headers:
             value = headers[name] + "," + value

@@ -23,8 +23,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trunk.sip.header_lines import COMPACT_HEADERS, split_header_lines
-
 #: The level-2 line (the format string of pjsip 2.15's sip_transport.c).
 _DROPPING_RE = re.compile(r"Dropping (\d+) bytes packet from (\w+) (\S+):(\d+) : ([^\r\n]*)")
 #: What precedes the packet's text in the level-4 line, and what ends it.
@@ -38,6 +36,8 @@ MAX_REASON_CHARS = 200
 #: A request line: method, URI, version (RFC 3261 §7.1); anything else (a response) is not
 #: answered.
 _REQUEST_LINE_RE = re.compile(r"^([A-Za-z0-9.!%*_+`'~-]+) \S+ SIP/2\.0$")
+#: RFC 3261 §7.3.3 compact forms of the headers an answer copies.
+_COMPACT = {"v": "via", "f": "from", "t": "to", "i": "call-id"}
 #: Headers a stateless answer copies (RFC 3261 §8.2.6.2), in the order they are written.
 _COPIED = ("via", "from", "to", "call-id", "cseq")
 #: Reason phrases of the codes a worker answers with (RFC 3261 §21).
@@ -98,10 +98,17 @@ class DroppedPacketReader:
 
 
 def _request_of(text: str, transport: str, source: str, reason: str) -> UnparsedRequest | None:
-    start_line, unfolded = split_header_lines(text)
-    match = _REQUEST_LINE_RE.match(start_line)
+    head = re.split(r"\r?\n\r?\n", text, maxsplit=1)[0]
+    lines = re.split(r"\r?\n", head)
+    match = _REQUEST_LINE_RE.match(lines[0].strip()) if lines else None
     if match is None:
         return None
+    unfolded: list[str] = []
+    for line in lines[1:]:
+        if line[:1] in (" ", "\t") and unfolded:
+            unfolded[-1] += " " + line.strip()
+        elif line.strip():
+            unfolded.append(line.strip())
     authorization = None
     for line in unfolded:
         name, _, value = line.partition(":")
@@ -136,7 +143,7 @@ def stateless_answer(
     for line in request.header_lines:
         name, sep, value = line.partition(":")
         key = name.strip().lower()
-        key = COMPACT_HEADERS.get(key, key)
+        key = _COMPACT.get(key, key)
         if sep and key in copied:
             copied[key].append(value.strip())
     if any(not values for values in copied.values()):
