@@ -46,7 +46,6 @@ from trunk.sip.unparsed import (
 
 __all__ = [
     "DEFAULT_CODECS",
-    "SIP_BAD_REQUEST",
     "WHEEL_MAX_CALLS",
     "InviteArrived",
     "InviteInfo",
@@ -64,7 +63,6 @@ __all__ = [
     "SipUaError",
     "SipUserAgent",
     "UaSettings",
-    "UnparsedJudge",
 ]
 
 _log = logging.getLogger(__name__)
