@@ -21,11 +21,8 @@ import ctypes
 import gc
 import itertools
 import logging
-import os
 import queue
 import re
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,13 +33,6 @@ import pjsua2 as pj  # type: ignore[import-untyped]  # SWIG module without stubs
 
 from trunk.sip.leg_playout import DEFAULT_FRAME_BYTES, LegPlayout
 from trunk.sip.pj_banner import lib_create_quietly
-from trunk.sip.source_filter import find_listening_sockets
-from trunk.sip.unparsed import (
-    DROPPED_PACKET_LOG_LEVEL,
-    DroppedPacketReader,
-    UnparsedRequest,
-    stateless_answer,
-)
 
 __all__ = [
     "DEFAULT_CODECS",
@@ -167,8 +157,6 @@ class SipTrunk:
 
 #: RFC 3261 §21.4.4 403 Forbidden: the default answer to anything we do not serve.
 SIP_FORBIDDEN = 403
-#: RFC 3261 §21.4.1 400 Bad Request: a request pjsip could not parse, from a caller we serve.
-SIP_BAD_REQUEST = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,9 +200,6 @@ class InviteRefusal:
 #: Judges an incoming INVITE on the pjsua thread, before any leg is announced: None
 #: lets it through (``InviteArrived``), a refusal answers it at once.
 InviteScreen = Callable[[InviteInfo], InviteRefusal | None]
-#: Judges a request pjsip dropped as unparseable (trunk/sip/unparsed.py) on the pjsua thread:
-#: the answer to send, or None to send nothing.
-UnparsedJudge = Callable[[UnparsedRequest], InviteRefusal | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -638,21 +623,6 @@ class _Account(pj.Account):  # type: ignore[misc]
         prm.reason = "Forbidden" if code == SIP_FORBIDDEN else "Rejected"
 
 
-class _PjLogWriter(pj.LogWriter):  # type: ignore[misc]
-    """pjsua2's log goes here (any pjsua thread): the dropped-packet lines to the user agent,
-    the operator's level (``UaSettings.log_level``) to this module's logger."""
-
-    def __init__(self, ua: SipUserAgent) -> None:
-        super().__init__()
-        self.ua = ua
-
-    def write(self, entry: Any) -> None:
-        try:
-            self.ua._on_pj_log(int(entry.level), str(entry.msg))
-        except Exception:
-            _log.exception("pjsua log writer failed")
-
-
 # --- the user agent -------------------------------------------------------------------------
 
 
@@ -681,22 +651,10 @@ class SipUserAgent:
         loop: asyncio.AbstractEventLoop,
         *,
         screen: InviteScreen | None = None,
-        judge_unparsed: UnparsedJudge | None = None,
     ) -> None:
         self.settings = settings
         self._on_event = on_event
         self._screen = screen
-        self._judge_unparsed = judge_unparsed
-        # Requests pjsip's parser dropped, read from its log (pjsua thread only).
-        self._dropped_reader = DroppedPacketReader()
-        self._unparsed: list[UnparsedRequest] = []
-        self._answer_socket: socket.socket | None = None
-        self._log_writer: _PjLogWriter | None = None
-        #: Unparseable requests answered, left unanswered by the judge, and ones that could
-        #: not be answered (not UDP, no Via/From/To/Call-ID/CSeq, the send failed).
-        self.unparsed_answered = 0
-        self.unparsed_silent = 0
-        self.unparsed_unanswerable = 0
         self._loop = loop
         self._commands: queue.SimpleQueue[
             tuple[Callable[[], Any], concurrent.futures.Future[Any]]
@@ -940,7 +898,6 @@ class SipUserAgent:
             while not self._stop_requested:
                 self._ep.libHandleEvents(_POLL_MS if self._setting_up() else _STEADY_POLL_MS)
                 self._refuse_screened()
-                self._answer_unparsed()
                 self._drain_commands()
                 self._release_pending()
         except Exception:
@@ -961,15 +918,8 @@ class SipUserAgent:
         cfg.uaConfig.maxCalls = WHEEL_MAX_CALLS
         cfg.uaConfig.userAgent = settings.user_agent
         cfg.uaConfig.stunIgnoreFailure = True
-        # pjsip logs the requests its parser drops at DROPPED_PACKET_LOG_LEVEL, and only
-        # there can they be seen (trunk/sip/unparsed.py); the writer shows the operator
-        # only their own level. Message dumps stay off unless the operator asked for 4+.
-        level = max(settings.log_level, DROPPED_PACKET_LOG_LEVEL)
-        self._log_writer = _PjLogWriter(self)
-        cfg.logConfig.level = level
-        cfg.logConfig.consoleLevel = level
-        cfg.logConfig.msgLogging = settings.log_level >= DROPPED_PACKET_LOG_LEVEL
-        cfg.logConfig.writer = self._log_writer
+        cfg.logConfig.level = settings.log_level
+        cfg.logConfig.consoleLevel = settings.log_level
         cfg.medConfig.clockRate = PORT_CLOCK_RATE
         cfg.medConfig.sndClockRate = PORT_CLOCK_RATE
         cfg.medConfig.ptime = PORT_FRAME_USEC // 1000
@@ -1231,55 +1181,6 @@ class SipUserAgent:
             except pj.Error as exc:
                 _log.debug("refusing a screened INVITE failed: %s", exc.info())
 
-    def _on_pj_log(self, level: int, message: str) -> None:
-        """One pjsua log message (any pjsua thread; sockets are read on the pjsua thread)."""
-        if "Dropp" in message:
-            request = self._dropped_reader.feed(message)
-            if request is not None:
-                self._unparsed.append(request)
-            # The packet's text may carry credentials: the operator sees its first line only.
-            message = message.split("\r", 1)[0].split("\n", 1)[0]
-        if level <= self.settings.log_level:
-            _log.debug("pjsua: %s", message.rstrip())  # escaped like every log line
-
-    def _answer_unparsed(self) -> None:
-        """Answer the requests pjsip dropped as unparseable during the last libHandleEvents."""
-        if not self._unparsed:
-            return
-        requests, self._unparsed = self._unparsed, []
-        for request in requests:
-            judge = self._judge_unparsed
-            refusal = InviteRefusal(SIP_BAD_REQUEST) if judge is None else judge(request)
-            if refusal is None:
-                self.unparsed_silent += 1
-                continue
-            answer = stateless_answer(
-                request, refusal.status, secrets.token_hex(8), refusal.headers
-            )
-            host, _, port = request.source.rpartition(":")
-            sock = self._udp_socket() if request.transport == "UDP" else None
-            if answer is None or sock is None or not port.isdigit():
-                # Over TCP the answer belongs on the caller's connection, which pjsip holds.
-                self.unparsed_unanswerable += 1
-                continue
-            try:
-                # A full send buffer drops the answer; the pjsua thread never waits.
-                sock.sendto(answer, socket.MSG_DONTWAIT, (host.strip("[]"), int(port)))
-            except OSError as exc:
-                self.unparsed_unanswerable += 1
-                _log.debug("answering an unparseable request failed: %s", exc)
-                continue
-            self.unparsed_answered += 1
-
-    def _udp_socket(self) -> socket.socket | None:
-        """A duplicate of pjsua's UDP SIP socket, so answers leave from the SIP port."""
-        if self._answer_socket is None:
-            for fd, kind in find_listening_sockets(self._sip_port):
-                if kind == socket.SOCK_DGRAM:
-                    self._answer_socket = socket.socket(fileno=os.dup(fd))
-                    break
-        return self._answer_socket
-
     def _on_call_state(self, call: _Call) -> None:
         state = self._legs.get(call.leg)
         if state is None:
@@ -1462,9 +1363,6 @@ class SipUserAgent:
 
     def _destroy_library(self) -> None:
         ep, self._ep = self._ep, None
-        if self._answer_socket is not None:
-            self._answer_socket.close()
-            self._answer_socket = None
         self._legs.clear()
         self._audio.clear()
         self._trunk_account = None

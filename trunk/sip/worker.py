@@ -38,7 +38,6 @@ from trunk.sip.access import AccessAction, SipAccessPolicy, SipAccessSettings, a
 from trunk.sip.digest import DigestAuthenticator
 from trunk.sip.source_filter import SourceFilter
 from trunk.sip.ua import (
-    SIP_BAD_REQUEST,
     InviteArrived,
     InviteInfo,
     InviteRefusal,
@@ -55,7 +54,6 @@ from trunk.sip.ua import (
     SipUserAgent,
     UaSettings,
 )
-from trunk.sip.unparsed import UnparsedRequest
 from trunk.sip.wire import (
     Admit,
     CancelDial,
@@ -209,7 +207,6 @@ class SipWorker:
             self._on_ua_event,
             asyncio.get_running_loop(),
             screen=self._screen_invite,
-            judge_unparsed=self._judge_unparsed,
         )
         await asyncio.to_thread(self._ua.start)
         if settings.unknown_response == "drop":
@@ -402,22 +399,6 @@ class SipWorker:
         # (drop mode) keeps such sources from reaching pjsua at all. A 401 carries one
         # WWW-Authenticate per algorithm (SHA-256, MD5).
         return InviteRefusal(decision.status or self._settings.reject_code, decision.headers)
-
-    def _judge_unparsed(self, request: UnparsedRequest) -> InviteRefusal | None:
-        """The access policy on a request pjsip's parser dropped (pjsua thread; see
-        trunk/sip/unparsed.py): refused as any request from that source would be, silent in
-        drop mode, and 400 Bad Request to a caller the policy lets through (a challenge
-        would only bring the same unparseable request back)."""
-        with self._policy_lock:
-            decision = self._policy.decide(
-                request.source, request.authorization, request.method, time.time()
-            )
-        self.metrics.unparsed.labels(decision.reason).inc()
-        if decision.action is AccessAction.DROP:
-            return None
-        if decision.action is AccessAction.REJECT:
-            return InviteRefusal(decision.status or self._settings.reject_code)
-        return InviteRefusal(SIP_BAD_REQUEST)
 
     async def _on_invite(self, event: InviteArrived) -> None:
         ua = self._ua

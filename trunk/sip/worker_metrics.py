@@ -20,12 +20,6 @@ class SipWorkerMetrics:
             ["outcome"],
             registry=self.registry,
         )
-        self.unparsed = Counter(
-            "rutster_sip_unparsed_requests",
-            "Requests pjsip's parser dropped (a non-Digest Authorization), by access-policy reason",
-            ["outcome"],
-            registry=self.registry,
-        )
         self.bad_messages = Counter(
             "rutster_sip_bad_messages",
             "Dropped messages from the gateway by channel and reason",
