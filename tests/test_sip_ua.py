@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
+from tests.conftest import eventually
+from trunk.sip.pj_dropped_packets import PJSIP_EINVALIDMSG
 from trunk.sip.ua import (
     WHEEL_MAX_CALLS,
     InviteArrived,
@@ -558,6 +560,79 @@ async def test_tcp_invite_reports_tcp_transport(ua: Harness) -> None:
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
+
+
+async def test_requests_pjsip_refuses_for_non_digest_credentials_come_back_without_them() -> None:
+    # pjsip's parser refuses a Basic or Bearer Authorization and drops the whole request; before
+    # trunk/sip/pj_dropped_packets.py no InviteArrived came and nothing answered (f97543f).
+    events: asyncio.Queue[SipEvent] = asyncio.Queue()
+    outcomes: list[str] = []
+    agent = SipUserAgent(
+        UaSettings(bind_host="127.0.0.1", port=0),
+        events.put_nowait,
+        asyncio.get_running_loop(),
+        on_unparsed=outcomes.append,
+    )
+    await asyncio.to_thread(agent.start)
+    harness = Harness(agent, events)
+    port = agent.sip_port
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            # The Via names another port: the leg's source must be the packet's own.
+            sock.bind(("127.0.0.5", 0))
+            basic = "Authorization: Basic dXNlcjpwYXNz\r\nX-Tenant: acme\r\n"
+            sock.sendto(raw_invite(port, 9, "basic-1", basic), ("127.0.0.1", port))
+            arrived = await harness.expect(InviteArrived, lambda e: e.info.sip_call_id == "basic-1")
+            assert arrived.info.authorization is None
+            assert arrived.info.headers["x-tenant"] == "acme"
+            assert arrived.info.source == f"127.0.0.5:{sock.getsockname()[1]}"
+            await agent.reject(arrived.leg, 403)
+            # Refused for another reason (a non-numeric Expires): it stays dropped.
+            garbage = raw_invite(port, 9, "garbage-1", "Expires: soon\r\n")
+            sock.sendto(garbage, ("127.0.0.1", port))
+        # Over TCP, with a well-formed request right behind it in the same segment.
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        local = writer.get_extra_info("sockname")[1]
+        bearer = "Proxy-Authorization: Bearer eyJhbGciOiJub25lIn0.e30.\r\n"
+        writer.write(
+            raw_invite(port, local, "bearer-1", bearer, proto="TCP")
+            + raw_invite(port, local, "after-1", proto="TCP")
+        )
+        await writer.drain()
+        for call_id in ("bearer-1", "after-1"):
+
+            def is_this_call(event: InviteArrived, wanted: str = call_id) -> bool:
+                return event.info.sip_call_id == wanted
+
+            arrived = await harness.expect(InviteArrived, is_this_call)
+            assert arrived.info.transport == "tcp"
+            assert arrived.info.authorization is None
+            await agent.reject(arrived.leg, 603)
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+        await eventually(lambda: len(outcomes) == 3)
+        assert sorted(outcomes) == ["basic", "bearer", "unparseable"]
+        assert agent.running
+    finally:
+        await asyncio.to_thread(agent.stop)
+
+
+def test_the_status_pjsip_gives_a_refused_packet_is_the_one_the_hook_expects() -> None:
+    # pj_dropped_packets.PJSIP_EINVALIDMSG is copied from pjsip/sip_errno.h: ask the library.
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import pjsua2 as pj; ep = pj.Endpoint(); ep.libCreate();"
+            f" print('@@' + ep.utilStrError({PJSIP_EINVALIDMSG})); ep.libDestroy()",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "@@Invalid message/syntax error (PJSIP_EINVALIDMSG)" in out
 
 
 async def test_hostile_input_does_not_crash_the_ua(ua: Harness) -> None:

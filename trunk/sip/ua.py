@@ -32,7 +32,9 @@ from typing import Any, Literal, TypeVar
 import pjsua2 as pj  # type: ignore[import-untyped]  # SWIG module without stubs
 
 from trunk.sip.leg_playout import DEFAULT_FRAME_BYTES, LegPlayout
+from trunk.sip.non_digest_credentials import strip_non_digest_credentials
 from trunk.sip.pj_banner import lib_create_quietly
+from trunk.sip.pj_dropped_packets import DroppedPacketHook
 
 __all__ = [
     "DEFAULT_CODECS",
@@ -53,6 +55,7 @@ __all__ = [
     "SipUaError",
     "SipUserAgent",
     "UaSettings",
+    "UnparsedReport",
 ]
 
 _log = logging.getLogger(__name__)
@@ -196,6 +199,13 @@ class InviteRefusal:
     status: int
     headers: tuple[tuple[str, str], ...] = ()
 
+
+#: Told, on the pjsua thread, of each request pjsip's parser refused: ``"unparseable"`` when it
+#: stays dropped, else the scheme (``basic``, ``bearer``, ``other``) of each credential field
+#: taken out so the request could be answered (trunk/sip/non_digest_credentials.py).
+UnparsedReport = Callable[[str], None]
+#: What :data:`UnparsedReport` is told for a refused message left dropped.
+UNPARSEABLE = "unparseable"
 
 #: Judges an incoming INVITE on the pjsua thread, before any leg is announced: None
 #: lets it through (``InviteArrived``), a refusal answers it at once.
@@ -651,10 +661,14 @@ class SipUserAgent:
         loop: asyncio.AbstractEventLoop,
         *,
         screen: InviteScreen | None = None,
+        on_unparsed: UnparsedReport | None = None,
     ) -> None:
         self.settings = settings
         self._on_event = on_event
         self._screen = screen
+        self._on_unparsed = on_unparsed
+        # Hands pjsip back the requests it refused only for non-Digest credentials.
+        self._dropped_packets = DroppedPacketHook(self._repair_refused)
         self._loop = loop
         self._commands: queue.SimpleQueue[
             tuple[Callable[[], Any], concurrent.futures.Future[Any]]
@@ -927,6 +941,7 @@ class SipUserAgent:
         cfg.medConfig.noVad = True  # a frame every 20 ms, silence included
         cfg.medConfig.ecTailLen = 0  # no echo canceller: the core owns echo handling
         ep.libInit(cfg)
+        self._dropped_packets.install()
         self._create_transports()
         ep.libStart()
         ep.audDevManager().setNullDev()
@@ -1181,6 +1196,16 @@ class SipUserAgent:
             except pj.Error as exc:
                 _log.debug("refusing a screened INVITE failed: %s", exc.info())
 
+    def _repair_refused(self, message: bytes) -> bytes | None:
+        """A request pjsip's parser refused (pjsua thread): without its non-Digest credentials,
+        so it is answered as a request without credentials, or None to leave it dropped."""
+        stripped = strip_non_digest_credentials(message)
+        labels = (UNPARSEABLE,) if stripped is None else stripped.schemes
+        if self._on_unparsed is not None:
+            for label in labels:
+                self._on_unparsed(label)
+        return None if stripped is None else stripped.message
+
     def _on_call_state(self, call: _Call) -> None:
         state = self._legs.get(call.leg)
         if state is None:
@@ -1375,6 +1400,7 @@ class SipUserAgent:
         # Every Call/AudioMediaPort wrapper must be gone before libDestroy; a
         # cycle kept alive until a later GC pass would run ~Call afterwards.
         gc.collect()
+        self._dropped_packets.uninstall()
         try:
             ep.libDestroy(self._destroy_flags())
         except pj.Error as exc:

@@ -207,6 +207,7 @@ class SipWorker:
             self._on_ua_event,
             asyncio.get_running_loop(),
             screen=self._screen_invite,
+            on_unparsed=self._count_unparsed,
         )
         await asyncio.to_thread(self._ua.start)
         if settings.unknown_response == "drop":
@@ -386,6 +387,10 @@ class SipWorker:
         queue.put_nowait(item)
 
     # ---- inbound -------------------------------------------------------------------
+
+    def _count_unparsed(self, outcome: str) -> None:
+        """One message pjsip's parser refused (pjsua thread; see trunk/sip/ua.py)."""
+        self.metrics.unparsed_requests.labels(outcome).inc()
 
     def _screen_invite(self, info: InviteInfo) -> InviteRefusal | None:
         """The access policy on an INVITE, on the pjsua thread (see SipUserAgent's screen)."""

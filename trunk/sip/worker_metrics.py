@@ -20,6 +20,13 @@ class SipWorkerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.unparsed_requests = Counter(
+            "rutster_sip_unparsed_requests",
+            "Messages pjsip's parser refused, by outcome: a credential scheme (basic, bearer,"
+            " other) taken out so the request could be answered, or unparseable (left dropped)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.bad_messages = Counter(
             "rutster_sip_bad_messages",
             "Dropped messages from the gateway by channel and reason",
