@@ -32,12 +32,12 @@ derive a tenant's keys from the prefix inside Lua, which Redis Cluster forbids u
 all of them share a hash slot: running on Cluster would need ``{hash tags}`` in the keys.
 
 The Redis client is created by the caller; build it with :func:`redis_client` (or the
-same settings: ``redis.asyncio.Redis.from_url(url, socket_timeout=REDIS_SOCKET_TIMEOUT_S,
-socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S, retry=Retry(NoBackoff(), REDIS_RETRIES),
-decode_responses=True)``). ``decode_responses=True`` is required. Every script is
-idempotent, so the client's automatic retry is safe (a retried admit gets its first
-answer back, flagged ``replayed``); only :meth:`SpendStore.add_receipt` may then
-write a receipt twice.
+same settings on a ``BlockingConnectionPool`` of REDIS_MAX_CONNECTIONS:
+``socket_timeout=REDIS_SOCKET_TIMEOUT_S, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+retry=Retry(NoBackoff(), REDIS_RETRIES), decode_responses=True``).
+``decode_responses=True`` is required. Every script is idempotent, so the client's
+automatic retry is safe (a retried admit gets its first answer back, flagged
+``replayed``); only :meth:`SpendStore.add_receipt` may then write a receipt twice.
 
 Failures: anything meaning "Redis is not reachable or not accepting writes right now"
 (connection refused or lost, timeout, loading, out of memory, read-only replica...)
@@ -57,7 +57,7 @@ from importlib.resources import files
 from typing import Final, TypedDict, cast
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.typing import EncodableT, FieldT
@@ -118,6 +118,15 @@ REDIS_CONNECT_TIMEOUT_S = 0.5
 #: connection that died with a Redis restart is replaced transparently. More would only
 #: delay StoreUnavailable (redis-py's default is 10 with backoff up to 1 s each).
 REDIS_RETRIES = 1
+#: Connections the client keeps at most; one more store operation waits for a free one, up
+#: to REDIS_POOL_WAIT_S, then fails as StoreUnavailable. Why a bound: redis-py's default pool
+#: opens one connection per operation in flight and keeps them all, so a stall under load left
+#: 101 open after the ten-minute hostile campaign (2026-12-05), descriptors the gateway's fd
+#: budget (README, "Hostile input") must count. 64 operations of ~0.2 ms each in flight serve
+#: far more than the gateway's calls ask (a meter tick per call every second or so).
+REDIS_MAX_CONNECTIONS = 64
+#: Longest wait for a free pooled connection: the same bound as an operation's own reply.
+REDIS_POOL_WAIT_S = REDIS_SOCKET_TIMEOUT_S
 
 #: Longest call metadata, as compact JSON (design: issue 5, "metadata ≤ 2 KB").
 METADATA_MAX_BYTES = 2_048
@@ -237,14 +246,18 @@ def _unavailable_as(operation: str) -> Iterator[None]:
 
 
 def redis_client(url: str) -> Redis:
-    """A ``redis.asyncio.Redis`` with the settings this store expects (see module doc)."""
-    return Redis.from_url(
+    """A ``redis.asyncio.Redis`` with the settings this store expects (see module doc), on a
+    pool of at most :data:`REDIS_MAX_CONNECTIONS`; closing the client closes the pool."""
+    pool = BlockingConnectionPool.from_url(
         url,
+        max_connections=REDIS_MAX_CONNECTIONS,
+        timeout=REDIS_POOL_WAIT_S,
         socket_timeout=REDIS_SOCKET_TIMEOUT_S,
         socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
         retry=Retry(NoBackoff(), REDIS_RETRIES),
         decode_responses=True,
     )
+    return Redis.from_pool(pool)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -3,6 +3,7 @@ micro-unit, idempotency, leases and the reaper, listing, and failure classificat
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from spend.store import (
     HOUR_KEY_TTL_S,
     MONTH_KEY_TTL_S,
     RECEIPT_RETENTION_S,
+    REDIS_MAX_CONNECTIONS,
     AdmitRequest,
     HoldResult,
     RefusalReason,
@@ -706,3 +708,23 @@ async def test_our_own_lua_errors_stay_loud(store: SpendStore) -> None:
     with pytest.raises(redis_errors.ResponseError) as err:
         await store.admit(req("call_a", quantum=1))
     assert not isinstance(err.value, StoreUnavailable)
+
+
+async def test_the_client_opens_at_most_its_pool_of_connections(spend_redis: EmbeddedRedis) -> None:
+    # redis-py's default pool opens a connection per operation in flight and keeps them all:
+    # 101 were open after the ten-minute hostile campaign. Operations beyond the bound wait.
+    observer = redis_client(spend_redis.url)
+    client = redis_client(spend_redis.url)
+    try:
+        before = int((await observer.info("clients"))["connected_clients"])
+        in_flight = REDIS_MAX_CONNECTIONS + 36
+        # BLPOP on an absent key holds its connection for 0.1 s without blocking the server.
+        replies = await asyncio.gather(
+            *(client.blpop([f"absent-{n}"], timeout=0.1) for n in range(in_flight))
+        )
+        opened = int((await observer.info("clients"))["connected_clients"]) - before
+    finally:
+        await client.aclose()
+        await observer.aclose()
+    assert replies == [None] * in_flight  # every operation answered, none refused
+    assert 1 < opened <= REDIS_MAX_CONNECTIONS
