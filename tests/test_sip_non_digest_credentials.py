@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trunk.sip.non_digest_credentials import (
     OTHER_SCHEME_LABEL,
@@ -91,3 +93,40 @@ def test_the_result_is_always_shorter_so_pjsip_can_take_it_back() -> None:
         stripped = strip_non_digest_credentials(original)
         assert stripped is not None
         assert 0 < len(stripped.message) < len(original)
+
+
+_LINES = st.sampled_from(
+    [
+        "Authorization: Basic eA==",
+        "Proxy-Authorization: Bearer x",
+        "Authorization: Digest a=b",
+        "authorization:",
+        "  folded continuation",
+        "\tfolded continuation",
+        "X-Other: Basic",
+        "Via: SIP/2.0/UDP 127.0.0.2",
+        "",
+        ":",
+        "Authorization Basic",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    head=st.lists(_LINES, max_size=8),
+    newline=st.sampled_from(["\r\n", "\n"]),
+    tail=st.binary(max_size=64),
+)
+def test_any_refused_request_gives_none_or_a_shorter_request_without_foreign_credentials(
+    head: list[str], newline: str, tail: bytes
+) -> None:
+    # Whatever a peer sends, the hook gets None or something pjsip can take back (shorter),
+    # still a request, with no non-Digest credential field left in its headers.
+    packet = ("INVITE sip:x SIP/2.0" + newline + newline.join(head) + newline).encode() + tail
+    stripped = strip_non_digest_credentials(packet)
+    if stripped is None:
+        return
+    assert 0 < len(stripped.message) < len(packet)
+    assert stripped.message.startswith(b"INVITE sip:x SIP/2.0")
+    assert strip_non_digest_credentials(stripped.message) is None

@@ -68,9 +68,10 @@ def _on_dropped(data: ctypes._Pointer[_DroppedData]) -> None:
         return
     try:
         hook.on_dropped(data.contents)
-    except Exception:  # an exception must never cross back into pjsip's C frames
+    except Exception as exc:  # an exception must never cross back into pjsip's C frames
+        # One line, no traceback: the packet is a peer's (issue 14, finding 8).
         hook.failed += 1
-        _log.exception("the dropped-packet hook failed; the packet stays dropped")
+        _log.error("the dropped-packet hook failed (%r); the packet stays dropped", exc)
 
 
 #: The one C callback object; module-level so it outlives every Endpoint.
