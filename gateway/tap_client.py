@@ -264,11 +264,17 @@ class TapClient:
         self._closing = True
         conn = self._conn
         if conn is None:
+            log.info("call %s: no brain connection at the end: session_end not sent", self._label)
             return
+        sent = False
         try:
             async with asyncio.timeout(TAP_CLOSE_TIMEOUT_S):
                 await conn.send(self._encoder.encode(SessionEnd(reason), self._clock_ms()))
+                sent = True
                 await conn.close()
-        except (ConnectionClosed, TimeoutError, OSError):
-            # A brain that does not complete the closing handshake gets its socket cut.
+        except (ConnectionClosed, TimeoutError, OSError) as exc:
+            # A brain that does not complete the closing handshake gets its socket cut. Said
+            # in the log, so a brain that never saw session_end can be told from one that did.
+            what = "closing handshake not completed" if sent else "session_end not sent"
+            log.info("call %s: %s (%s): brain socket cut", self._label, what, type(exc).__name__)
             conn.transport.abort()

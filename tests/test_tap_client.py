@@ -433,7 +433,9 @@ def stop_reading_after_hello(release: asyncio.Event) -> Callable[[BrainPeer, int
     return script
 
 
-async def test_close_does_not_hang_on_a_brain_that_never_closes() -> None:
+async def test_close_does_not_hang_on_a_brain_that_never_closes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     release = asyncio.Event()
     script = stop_reading_after_hello(release)
 
@@ -441,15 +443,19 @@ async def test_close_does_not_hang_on_a_brain_that_never_closes() -> None:
         try:
             await eventually(lambda: h.client.connected, SOON_S)
             started = time.monotonic()
-            await asyncio.wait_for(
-                h.client.close(SessionEndReason.CALLER_HANGUP), TAP_CLOSE_TIMEOUT_S + SOON_S
-            )
+            with caplog.at_level(logging.INFO, logger="gateway.tap_client"):
+                await asyncio.wait_for(
+                    h.client.close(SessionEndReason.CALLER_HANGUP), TAP_CLOSE_TIMEOUT_S + SOON_S
+                )
             elapsed = time.monotonic() - started
             await wait_run_finished(h)
         finally:
             release.set()
     assert elapsed < TAP_CLOSE_TIMEOUT_S + CLOSE_SLACK_S, elapsed
     assert not h.client.connected
+    # session_end went out; the brain never closed: the log tells which of the two failed.
+    cut = [r.getMessage() for r in caplog.records if "brain socket cut" in r.getMessage()]
+    assert len(cut) == 1 and "closing handshake not completed" in cut[0], cut
 
 
 async def test_close_during_a_dial_stops_the_client() -> None:
