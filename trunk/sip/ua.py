@@ -667,7 +667,8 @@ class SipUserAgent:
         self._on_event = on_event
         self._screen = screen
         self._on_unparsed = on_unparsed
-        # Hands pjsip back the requests it refused only for non-Digest credentials.
+        # Hands pjsip back, without the field, the requests it refused that carry non-Digest
+        # credentials (trunk/sip/pj_dropped_packets.py).
         self._dropped_packets = DroppedPacketHook(self._repair_refused)
         self._loop = loop
         self._commands: queue.SimpleQueue[
