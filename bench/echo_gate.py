@@ -51,16 +51,16 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from brains.realtime.mock_voice import synthesize_reply
-from media.echo_gate import (
+from rutster.brains.realtime.mock_voice import synthesize_reply
+from rutster.media.echo_gate import (
     NEAR_END_FLOOR_DBFS,
     EchoCancellerUnavailableError,
     EchoGate,
     EchoGateConfig,
     EchoVerdict,
 )
-from media.endpointing import frame_level_dbfs
-from media.formats import (
+from rutster.media.endpointing import frame_level_dbfs
+from rutster.media.formats import (
     CANONICAL_FRAME_BYTES,
     FRAME_MS,
     NARROWBAND_FRAME_BYTES,
@@ -68,10 +68,10 @@ from media.formats import (
     Encoding,
     MediaFormat,
 )
-from media.g711 import ulaw_decode, ulaw_encode
-from media.narrowband import NarrowbandTap
-from media.transform import InboundTransform, OutboundTransform
-from trunk.twilio.simulator import read_wav_8k
+from rutster.media.g711 import ulaw_decode, ulaw_encode
+from rutster.media.narrowband import NarrowbandTap
+from rutster.media.transform import InboundTransform, OutboundTransform
+from rutster.trunk.twilio.simulator import read_wav_8k
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/audio/caller_speech_8k.wav"
 

@@ -67,15 +67,21 @@ from bench.fuzz_messages import (
     unauthenticated_stream_url,
     webhook_request,
 )
-from gateway.launcher import LOOPBACK, Service, echo_brain_process, free_port, gateway_process
-from media.pacer import DEFAULT_LEAD_MS
-from tests.echo_checks import ECHO_SHORTFALL, EchoJudgement, judge_echo
-from trunk.twilio.simulator import (
+from rutster.gateway.launcher import (
+    LOOPBACK,
+    Service,
+    echo_brain_process,
+    free_port,
+    gateway_process,
+)
+from rutster.media.pacer import DEFAULT_LEAD_MS
+from rutster.trunk.twilio.simulator import (
     SimulatedCallResult,
     TwilioSimulator,
     new_sid,
     read_wav_8k,
 )
+from tests.echo_checks import ECHO_SHORTFALL, EchoJudgement, judge_echo
 
 #: The checkout this script runs from (the fuzzing process starts there too).
 CHECKOUT = Path(__file__).resolve().parents[1]

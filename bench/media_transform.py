@@ -29,13 +29,13 @@ from typing import TypeVar
 
 import soxr
 
-from media.formats import CANONICAL_FRAME_BYTES, TWILIO_MULAW_8K
-from media.g711 import ulaw_encode
-from media.resample import DEFAULT_ENGINE, DEFAULT_QUALITY, ResamplerEngine
-from media.transform import InboundTransform, OutboundTransform
-from trunk.events import AudioReceived, PlayAudio
-from trunk.twilio.codec import TwilioStreamCodec
-from trunk.twilio.simulator import start_message
+from rutster.media.formats import CANONICAL_FRAME_BYTES, TWILIO_MULAW_8K
+from rutster.media.g711 import ulaw_encode
+from rutster.media.resample import DEFAULT_ENGINE, DEFAULT_QUALITY, ResamplerEngine
+from rutster.media.transform import InboundTransform, OutboundTransform
+from rutster.trunk.events import AudioReceived, PlayAudio
+from rutster.trunk.twilio.codec import TwilioStreamCodec
+from rutster.trunk.twilio.simulator import start_message
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/audio/caller_speech_8k.wav"
 #: Budget per 20 ms frame, inbound (issue goal).

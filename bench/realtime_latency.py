@@ -40,17 +40,17 @@ import secrets
 import statistics
 from pathlib import Path
 
-from brains.tap import SpeechStopped
-from gateway.config import GatewayConfig
-from gateway.launcher import LOOPBACK, free_port, gateway_process, realtime_brain_process
-from gateway.media_engine import MediaEngine
-from gateway.server import limit_numeric_threads
-from media.echo_gate import EchoGate, EchoGateConfig
-from media.formats import TWILIO_MULAW_8K
-from media.g711 import ulaw_encode
-from media.vad import SPEECH_THRESHOLD, make_detector
-from trunk.events import AudioReceived
-from trunk.twilio.simulator import (
+from rutster.brains.tap import SpeechStopped
+from rutster.gateway.config import GatewayConfig
+from rutster.gateway.launcher import LOOPBACK, free_port, gateway_process, realtime_brain_process
+from rutster.gateway.media_engine import MediaEngine
+from rutster.gateway.server import limit_numeric_threads
+from rutster.media.echo_gate import EchoGate, EchoGateConfig
+from rutster.media.formats import TWILIO_MULAW_8K
+from rutster.media.g711 import ulaw_encode
+from rutster.media.vad import SPEECH_THRESHOLD, make_detector
+from rutster.trunk.events import AudioReceived
+from rutster.trunk.twilio.simulator import (
     SIM_FRAME_BYTES,
     SIM_FRAME_MS,
     ConversationScript,

@@ -64,9 +64,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.eval_corpus import NoiseBurst, Utterance, noise_bursts, scale_to_dbfs, utterances
-from brains.realtime.mock_voice import synthesize_reply
-from brains.tap import SpeechStarted, SpeechStopped
-from gateway.engine_rig import (
+from rutster.brains.realtime.mock_voice import synthesize_reply
+from rutster.brains.tap import SpeechStarted, SpeechStopped
+from rutster.gateway.engine_rig import (
     RATE,
     EchoPath,
     InterruptingCaller,
@@ -75,8 +75,8 @@ from gateway.engine_rig import (
     ScriptedBrain,
     on_the_line,
 )
-from gateway.reflex import PAUSE_ON, PAUSE_PROBABILITY, PauseOn, ReflexConfig
-from gateway.server import limit_numeric_threads
+from rutster.gateway.reflex import PAUSE_ON, PAUSE_PROBABILITY, PauseOn, ReflexConfig
+from rutster.gateway.server import limit_numeric_threads
 
 #: Interruptions in a row per call (the issue: at least 10).
 INTERRUPTIONS_PER_CALL = 12

@@ -35,9 +35,9 @@ from typing import Any
 
 import psutil
 
-from spend.embedded_redis import EmbeddedRedis
-from spend.limits import TenantLimits
-from spend.store import AdmitRequest, SpendStore, redis_client
+from rutster.spend.embedded_redis import EmbeddedRedis
+from rutster.spend.limits import TenantLimits
+from rutster.spend.store import AdmitRequest, SpendStore, redis_client
 
 #: Goals from the issue.
 OPS_GOAL = 5_000

@@ -60,9 +60,9 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from media.formats import NARROWBAND_FRAME_SAMPLES, NARROWBAND_SAMPLE_RATE
-from media.narrowband import NarrowbandTap, decimation_fir
-from media.vad import (
+from rutster.media.formats import NARROWBAND_FRAME_SAMPLES, NARROWBAND_SAMPLE_RATE
+from rutster.media.narrowband import NarrowbandTap, decimation_fir
+from rutster.media.vad import (
     DETECTOR_NAMES,
     SPEECH_THRESHOLD,
     CascadeDetector,

@@ -63,8 +63,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.frames import CloseCode
 
-from brains.marker_tone import marker_tone_pcm
-from brains.tap import (
+from rutster.brains.marker_tone import marker_tone_pcm
+from rutster.brains.tap import (
     BRAIN_DECLARATIONS,
     MAX_MESSAGE_BYTES,
     AudioIn,
@@ -91,7 +91,7 @@ from brains.tap import (
     TurnOwner,
     UnknownTapEvent,
 )
-from media.formats import (
+from rutster.media.formats import (
     CANONICAL_FRAME_SAMPLES,
     CANONICAL_SAMPLE_RATE,
     FRAME_MS,

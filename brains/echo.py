@@ -27,8 +27,8 @@ from types import TracebackType
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from brains.bind import BRAIN_BIND_ENV, parse_bind
-from brains.tap import (
+from rutster.brains.bind import BRAIN_BIND_ENV, parse_bind
+from rutster.brains.tap import (
     AudioIn,
     AudioOut,
     BrainHello,
@@ -43,7 +43,7 @@ from brains.tap import (
     UnknownTapEvent,
     wire_type,
 )
-from brains.tap_server import TapListener
+from rutster.brains.tap_server import TapListener
 
 #: The path the echo brain serves; every other path gets 404.
 ECHO_PATH = "/echo"

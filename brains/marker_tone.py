@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from media.formats import CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE
+from rutster.media.formats import CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE
 
 #: Tone frequency. Inside the 300-3400 Hz telephone band (ITU-T G.711/G.712) so it
 #: survives 8 kHz μ-law, and away from speech's strong low harmonics. Seed decision.

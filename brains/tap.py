@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NoReturn, TypeAlias
 
-from media.formats import CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE, SAMPLE_WIDTH
+from rutster.media.formats import CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE, SAMPLE_WIDTH
 
 #: Protocol version carried in every envelope's ``v`` (TAP_PROTOCOL.md, v1).
 TAP_VERSION = 1

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
-from brains.bind import ws_url
-from brains.tap import MAX_MESSAGE_BYTES
+from rutster.brains.bind import ws_url
+from rutster.brains.tap import MAX_MESSAGE_BYTES
 
 
 class TapListener:

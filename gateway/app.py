@@ -22,23 +22,27 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
-from brains.tap import SessionEndReason
-from gateway.api.api_keys import AdminKey, ApiKeyStore
-from gateway.api.rate_limit import RateLimiter
-from gateway.api.routes import api_routes, hang_up_local_call, unrouted
-from gateway.config import GatewayConfig
-from gateway.control_channel import ControlChannel
-from gateway.dashboard_feed import dashboard_routes
-from gateway.peer_faults import UVICORN_ERROR_LOGGER, ClientDisconnectGuard, InvalidUtf8LogFilter
-from gateway.state import GatewayState
-from media.vad import preload
-from spend.embedded_redis import EmbeddedRedis
-from spend.gate import SpendGate
-from spend.journal import SpendJournal
-from spend.store import REDIS_CONNECT_TIMEOUT_S, SpendStore, StoreUnavailable, redis_client
-from trunk.sip.gateway_routes import sip_stream, sip_workers
-from trunk.twilio.call_control import TwilioCallControl
-from trunk.twilio.routes import twilio_status, twilio_stream, twilio_voice
+from rutster.brains.tap import SessionEndReason
+from rutster.gateway.api.api_keys import AdminKey, ApiKeyStore
+from rutster.gateway.api.rate_limit import RateLimiter
+from rutster.gateway.api.routes import api_routes, hang_up_local_call, unrouted
+from rutster.gateway.config import GatewayConfig
+from rutster.gateway.control_channel import ControlChannel
+from rutster.gateway.dashboard_feed import dashboard_routes
+from rutster.gateway.peer_faults import (
+    UVICORN_ERROR_LOGGER,
+    ClientDisconnectGuard,
+    InvalidUtf8LogFilter,
+)
+from rutster.gateway.state import GatewayState
+from rutster.media.vad import preload
+from rutster.spend.embedded_redis import EmbeddedRedis
+from rutster.spend.gate import SpendGate
+from rutster.spend.journal import SpendJournal
+from rutster.spend.store import REDIS_CONNECT_TIMEOUT_S, SpendStore, StoreUnavailable, redis_client
+from rutster.trunk.sip.gateway_routes import sip_stream, sip_workers
+from rutster.trunk.twilio.call_control import TwilioCallControl
+from rutster.trunk.twilio.routes import twilio_status, twilio_stream, twilio_voice
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from brains.tap import (
+from rutster.brains.tap import (
     AdvisorySpeechStarted,
     AdvisorySpeechStopped,
     AudioClear,
@@ -43,30 +43,30 @@ from brains.tap import (
     ToolsUpdate,
     Usage,
 )
-from brains.tool_catalog import TOOL_CATALOG
-from gateway.call_trail import CallTrail
-from gateway.config import GatewayConfig
-from gateway.event_bus import CallEvent, EventBus
-from gateway.media_engine import (
+from rutster.brains.tool_catalog import TOOL_CATALOG
+from rutster.gateway.call_trail import CallTrail
+from rutster.gateway.config import GatewayConfig
+from rutster.gateway.event_bus import CallEvent, EventBus
+from rutster.gateway.media_engine import (
     BadInput,
     BrainAudio,
     EngineCommand,
     MediaEngine,
     PlayoutOverflow,
 )
-from gateway.metrics import GatewayMetrics
-from gateway.reflex import ReflexLoop
-from gateway.tap_client import TapClient
-from gateway.tool_registry import ToolOutcome, ToolRegistry, check_schemas_paced
-from media.echo_gate import EchoGate, EchoGateConfig
-from media.formats import samples_to_ms
-from media.pacer import Pacer
-from media.playout import PlayoutBuffer
-from media.vad import SPEECH_THRESHOLD, make_detector
-from spend.gate import CallSpend
-from spend.store import StoreUnavailable
-from trunk.call_control import CallControlFailure, ProviderCallControl, SupportsGoodbye
-from trunk.events import (
+from rutster.gateway.metrics import GatewayMetrics
+from rutster.gateway.reflex import ReflexLoop
+from rutster.gateway.tap_client import TapClient
+from rutster.gateway.tool_registry import ToolOutcome, ToolRegistry, check_schemas_paced
+from rutster.media.echo_gate import EchoGate, EchoGateConfig
+from rutster.media.formats import samples_to_ms
+from rutster.media.pacer import Pacer
+from rutster.media.playout import PlayoutBuffer
+from rutster.media.vad import SPEECH_THRESHOLD, make_detector
+from rutster.spend.gate import CallSpend
+from rutster.spend.store import StoreUnavailable
+from rutster.trunk.call_control import CallControlFailure, ProviderCallControl, SupportsGoodbye
+from rutster.trunk.events import (
     AudioReceived,
     DtmfReceived,
     IngressCommand,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from gateway.event_bus import CallEvent
+from rutster.gateway.event_bus import CallEvent
 
 log = logging.getLogger(__name__)
 

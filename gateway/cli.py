@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 from urllib.parse import urlencode
 
-from gateway.admin_cli import add_admin_parser
-from gateway.log_format import setup_logging
-from trunk.sip.cli import add_sip_parsers
+from rutster.gateway.admin_cli import add_admin_parser
+from rutster.gateway.log_format import setup_logging
+from rutster.media.demo_audio import CALLER_SPEECH_8K
+from rutster.trunk.sip.cli import add_sip_parsers
 
-#: The recorded speech shipped with the project (tests/fixtures/audio/README.md).
-DEFAULT_CALLER_WAV = (
-    Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "audio" / "caller_speech_8k.wav"
-)
+#: The recorded speech shipped with the package (media/demo_audio/README.md).
+DEFAULT_CALLER_WAV = CALLER_SPEECH_8K
 DEFAULT_DEMO_OUT = Path("out") / "demo_reply.wav"
 #: The conversation demo: turns of fluent speech from the fixture (9 s on is
 #: continuous talk), each followed by time for the mock's 2.5 s reply.
@@ -45,10 +44,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the gateway under uvicorn."""
     import uvicorn
 
-    from gateway.app import create_app
-    from gateway.config import GatewayConfig
-    from gateway.env_values import ConfigError
-    from gateway.server import (
+    from rutster.gateway.app import create_app
+    from rutster.gateway.config import GatewayConfig
+    from rutster.gateway.env_values import ConfigError
+    from rutster.gateway.server import (
         limit_numeric_threads,
         listen_socket,
         raise_open_file_limit,
@@ -77,7 +76,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     raise_open_file_limit()
     limit_numeric_threads()
-    logging.getLogger("gateway.cli").info("listening on http://%s:%d", args.host, args.port)
+    logging.getLogger("rutster.gateway.cli").info("listening on http://%s:%d", args.host, args.port)
     return serve(server, sock)
 
 
@@ -85,7 +84,7 @@ def cmd_brain(args: argparse.Namespace) -> int:
     """Run a brain process."""
     _setup_logging(args.log_level)
     if args.brain == "echo":
-        from brains.echo import run_echo_brain
+        from rutster.brains.echo import run_echo_brain
 
         try:
             run_echo_brain(args.bind)
@@ -96,9 +95,9 @@ def cmd_brain(args: argparse.Namespace) -> int:
     if args.brain == "realtime":
         from dataclasses import replace
 
-        from brains.realtime.config import RealtimeBrainConfig
-        from brains.realtime.server import run_realtime_brain
-        from gateway.env_values import ConfigError
+        from rutster.brains.realtime.config import RealtimeBrainConfig
+        from rutster.brains.realtime.server import run_realtime_brain
+        from rutster.gateway.env_values import ConfigError
 
         env = dict(os.environ)
         if args.bind is not None:
@@ -121,7 +120,7 @@ def cmd_brain(args: argparse.Namespace) -> int:
 
 def cmd_tap_conformance(args: argparse.Namespace) -> int:
     """Play the core's side of the tap protocol against a brain and report per rule."""
-    from brains.conformance import main as conformance_main
+    from rutster.brains.conformance import main as conformance_main
 
     argv = [args.url, "--timeout", str(args.timeout)]
     if args.require_tool:
@@ -130,7 +129,7 @@ def cmd_tap_conformance(args: argparse.Namespace) -> int:
 
 
 def _auth_token_from_env() -> str | None:
-    from gateway.env_values import read_secret
+    from rutster.gateway.env_values import read_secret
 
     return read_secret(os.environ, "TWILIO_AUTH_TOKEN")
 
@@ -144,7 +143,7 @@ async def _run_call(
     auth_token: str | None,
     brain: str | None = None,
 ) -> dict[str, object]:
-    from trunk.twilio.simulator import (
+    from rutster.trunk.twilio.simulator import (
         TwilioSimulator,
         best_lag_correlation,
         read_wav_8k,
@@ -228,7 +227,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Gateway + echo brain + one simulated call, all local, on embedded defaults."""
     if args.brain == "realtime-mock":
         return cmd_demo_conversation(args)
-    from gateway.launcher import LOOPBACK, echo_brain_process, free_port, gateway_process
+    from rutster.gateway.launcher import LOOPBACK, echo_brain_process, free_port, gateway_process
 
     _setup_logging("warning")
     wav = Path(args.wav)
@@ -277,10 +276,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_demo_conversation(args: argparse.Namespace) -> int:
     """Gateway + realtime brain in mock mode: turns answered, then a hang-up by tool."""
-    from brains.marker_tone import marker_tone_pcm
-    from gateway.launcher import LOOPBACK, free_port, gateway_process, realtime_brain_process
-    from media.resample import StreamResampler
-    from trunk.twilio.simulator import (
+    from rutster.brains.marker_tone import marker_tone_pcm
+    from rutster.gateway.launcher import (
+        LOOPBACK,
+        free_port,
+        gateway_process,
+        realtime_brain_process,
+    )
+    from rutster.media.resample import StreamResampler
+    from rutster.trunk.twilio.simulator import (
         TwilioSimulator,
         conversation_script,
         read_wav_8k,

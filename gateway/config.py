@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
-from gateway.env_values import ConfigError, env_bool, env_float, env_int, read_secret
-from gateway.http_guard import DEFAULT_MAX_PER_SOURCE
-from gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES, MediaEngineConfig
-from gateway.reflex import (
+from rutster.gateway.env_values import ConfigError, env_bool, env_float, env_int, read_secret
+from rutster.gateway.http_guard import DEFAULT_MAX_PER_SOURCE
+from rutster.gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES, MediaEngineConfig
+from rutster.gateway.reflex import (
     CONFIRM_MS,
     CONFIRM_PROBABILITY,
     PAUSE_FLOOR_DBFS,
@@ -28,22 +28,22 @@ from gateway.reflex import (
     PauseOn,
     ReflexConfig,
 )
-from gateway.spend_settings import SpendSettings
-from gateway.tap_allowlist import TapUrlAllowlist
-from gateway.tool_registry import (
+from rutster.gateway.spend_settings import SpendSettings
+from rutster.gateway.tap_allowlist import TapUrlAllowlist
+from rutster.gateway.tool_registry import (
     DEFAULT_CALLS_PER_CALL,
     DEFAULT_CALLS_PER_TURN,
     DEFAULT_RESULT_MAX_BYTES,
     DEFAULT_TOOL_TIMEOUT_MS,
     ToolLimits,
 )
-from gateway.transfer_allowlist import TransferAllowlist
-from media.endpointing import MIN_SPEECH_MS, TRAILING_SILENCE_MS
-from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
-from media.playout import DEFAULT_MAX_MS
-from media.vad import DEFAULT_DETECTOR, DETECTOR_NAMES
-from trunk.twilio.call_control import ACCOUNT_SID_PATTERN, TWILIO_API_BASE_URL
-from trunk.twilio.stream_token import MIN_SECRET_BYTES
+from rutster.gateway.transfer_allowlist import TransferAllowlist
+from rutster.media.endpointing import MIN_SPEECH_MS, TRAILING_SILENCE_MS
+from rutster.media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
+from rutster.media.playout import DEFAULT_MAX_MS
+from rutster.media.vad import DEFAULT_DETECTOR, DETECTOR_NAMES
+from rutster.trunk.twilio.call_control import ACCOUNT_SID_PATTERN, TWILIO_API_BASE_URL
+from rutster.trunk.twilio.stream_token import MIN_SECRET_BYTES
 
 #: Where the gateway is reached from the internet when nothing is configured: the
 #: local dev default, matching ``rutster serve``'s default port.

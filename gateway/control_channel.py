@@ -20,7 +20,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from spend.store import StoreUnavailable
+from rutster.spend.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

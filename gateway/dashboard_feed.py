@@ -21,15 +21,20 @@ from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from gateway.api.api_keys import ADMIN_ENV_KEY_ID, KeyStoreUnavailable, Principal, parse_bearer
-from gateway.api.errors import ApiError, error_response, unavailable
-from gateway.api.rate_limit import RateLimiterUnavailable
-from gateway.api.routes import authenticate, call_status, iso_time, live_cost, tenant_spend
-from gateway.dashboard import STATIC_DIR
-from gateway.state import GatewayState
-from spend.gate import wall_ms
-from spend.money import format_money
-from spend.store import CallRecord, StoreUnavailable
+from rutster.gateway.api.api_keys import (
+    ADMIN_ENV_KEY_ID,
+    KeyStoreUnavailable,
+    Principal,
+    parse_bearer,
+)
+from rutster.gateway.api.errors import ApiError, error_response, unavailable
+from rutster.gateway.api.rate_limit import RateLimiterUnavailable
+from rutster.gateway.api.routes import authenticate, call_status, iso_time, live_cost, tenant_spend
+from rutster.gateway.dashboard import STATIC_DIR
+from rutster.gateway.state import GatewayState
+from rutster.spend.gate import wall_ms
+from rutster.spend.money import format_money
+from rutster.spend.store import CallRecord, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -29,14 +29,14 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from brains.tap import AudioOut, BrainEvent, BrainHello, SpeechStarted, SpeechStopped
-from gateway.media_engine import BrainAudio, EngineCommand, MediaEngine, MediaEngineConfig
-from gateway.reflex import ReflexConfig, SpeechDetector
-from media.echo_gate import EchoGate, EchoGateConfig, EchoVerdict
-from media.formats import TWILIO_MULAW_8K
-from media.g711 import ulaw_decode, ulaw_encode
-from media.vad import DEFAULT_DETECTOR, SPEECH_THRESHOLD, make_detector
-from trunk.events import (
+from rutster.brains.tap import AudioOut, BrainEvent, BrainHello, SpeechStarted, SpeechStopped
+from rutster.gateway.media_engine import BrainAudio, EngineCommand, MediaEngine, MediaEngineConfig
+from rutster.gateway.reflex import ReflexConfig, SpeechDetector
+from rutster.media.echo_gate import EchoGate, EchoGateConfig, EchoVerdict
+from rutster.media.formats import TWILIO_MULAW_8K
+from rutster.media.g711 import ulaw_decode, ulaw_encode
+from rutster.media.vad import DEFAULT_DETECTOR, SPEECH_THRESHOLD, make_detector
+from rutster.trunk.events import (
     AudioReceived,
     ClearPlayback,
     IngressCommand,

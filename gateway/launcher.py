@@ -112,7 +112,10 @@ def spawn(
             # The child has its own copy of the descriptor; ours closes once it is spawned.
             err = files.enter_context(open(stderr_path, "ab"))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", *args], env=full_env, stdout=out, stderr=err
+            [sys.executable, "-m", "rutster.gateway.cli", *args],
+            env=full_env,
+            stdout=out,
+            stderr=err,
         )
     try:
         if health_path is None:

@@ -46,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
-from brains.tap import (
+from rutster.brains.tap import (
     AudioClear,
     AudioOut,
     BrainEvent,
@@ -56,7 +56,7 @@ from brains.tap import (
     SpeechStopped,
     TurnOwner,
 )
-from gateway.reflex import (
+from rutster.gateway.reflex import (
     ClearProvider,
     EchoJudge,
     Publish,
@@ -66,13 +66,13 @@ from gateway.reflex import (
     SpeechDetector,
     WakePacer,
 )
-from media.formats import MediaFormat
-from media.ingress_budget import CallerAudioBudget
-from media.narrowband import NarrowbandTap
-from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS, Pacer
-from media.playout import DEFAULT_MAX_MS, PlayoutBuffer
-from media.transform import InboundTransform, OutboundTransform
-from trunk.events import (
+from rutster.media.formats import MediaFormat
+from rutster.media.ingress_budget import CallerAudioBudget
+from rutster.media.narrowband import NarrowbandTap
+from rutster.media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS, Pacer
+from rutster.media.playout import DEFAULT_MAX_MS, PlayoutBuffer
+from rutster.media.transform import InboundTransform, OutboundTransform
+from rutster.trunk.events import (
     AudioReceived,
     ClearPlayback,
     DtmfReceived,

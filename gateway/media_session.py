@@ -15,15 +15,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from brains.tap import SessionEndReason
-from gateway.call import Call, CallEdge, monotonic_ms
-from gateway.spend_context import SpendContext
-from gateway.state import GatewayState
-from spend.gate import Admission, AdmissionRequest, wall_ms
-from spend.meter import CallCaps
-from spend.store import HEARTBEAT_INTERVAL_MS, StoreUnavailable
-from trunk.call_control import ProviderCallControl
-from trunk.events import IngressEvent, StreamStarted, StreamStopped
+from rutster.brains.tap import SessionEndReason
+from rutster.gateway.call import Call, CallEdge, monotonic_ms
+from rutster.gateway.spend_context import SpendContext
+from rutster.gateway.state import GatewayState
+from rutster.spend.gate import Admission, AdmissionRequest, wall_ms
+from rutster.spend.meter import CallCaps
+from rutster.spend.store import HEARTBEAT_INTERVAL_MS, StoreUnavailable
+from rutster.trunk.call_control import ProviderCallControl
+from rutster.trunk.events import IngressEvent, StreamStarted, StreamStopped
 
 log = logging.getLogger(__name__)
 

@@ -20,20 +20,25 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from brains.tap import SessionEndReason
-from gateway.media_session import StreamEnded
-from gateway.spend_context import BadSpendContext, SpendContext
-from gateway.state import GatewayState
-from gateway.stream_claims import ClaimOutcome
-from gateway.ws_close import (
+from rutster.brains.tap import SessionEndReason
+from rutster.gateway.media_session import StreamEnded
+from rutster.gateway.spend_context import BadSpendContext, SpendContext
+from rutster.gateway.state import GatewayState
+from rutster.gateway.stream_claims import ClaimOutcome
+from rutster.gateway.ws_close import (
     CLOSE_MESSAGE_TOO_BIG,
     CLOSE_NORMAL,
     CLOSE_POLICY_VIOLATION,
     CLOSE_SERVICE_RESTART,
 )
-from spend.store import StoreUnavailable
-from trunk.events import IngressProtocolError, StreamStarted, StreamStopped, UnknownIngressEvent
-from trunk.twilio.stream_token import StreamTokenSigner, TokenStatus
+from rutster.spend.store import StoreUnavailable
+from rutster.trunk.events import (
+    IngressProtocolError,
+    StreamStarted,
+    StreamStopped,
+    UnknownIngressEvent,
+)
+from rutster.trunk.twilio.stream_token import StreamTokenSigner, TokenStatus
 
 log = logging.getLogger(__name__)
 

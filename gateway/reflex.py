@@ -48,16 +48,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from brains.tap import SpeechStarted, SpeechStopped
-from media.endpointing import (
+from rutster.brains.tap import SpeechStarted, SpeechStopped
+from rutster.media.endpointing import (
     MIN_SPEECH_MS,
     ONSET_WINDOW_MS,
     TRAILING_SILENCE_MS,
 )
-from media.formats import FRAME_MS, ms_to_frames
-from media.pacer import Pacer
-from media.played_ledger import PlayedLedger, SentFrame
-from media.playout import PlayoutBuffer, PlayoutFrame
+from rutster.media.formats import FRAME_MS, ms_to_frames
+from rutster.media.pacer import Pacer
+from rutster.media.played_ledger import PlayedLedger, SentFrame
+from rutster.media.playout import PlayoutBuffer, PlayoutFrame
 
 #: Speech in a row that pauses assistant playout: two frames (40 ms). One frame
 #: alone is too easily a click; the issue's goal is a pause ≤ 150 ms P95 after

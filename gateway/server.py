@@ -12,8 +12,8 @@ import uvicorn
 from starlette.applications import Starlette
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from gateway.http_guard import HttpGuardStats, guarded_http_protocol
-from gateway.state import GatewayState
+from rutster.gateway.http_guard import HttpGuardStats, guarded_http_protocol
+from rutster.gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 

@@ -17,17 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gateway.api.rate_limit import DEFAULT_BURST, DEFAULT_RATE_PER_S
-from gateway.env_values import ConfigError, env_float, env_int, env_pairs, read_secret
-from spend.gate import (
+from rutster.gateway.api.rate_limit import DEFAULT_BURST, DEFAULT_RATE_PER_S
+from rutster.gateway.env_values import ConfigError, env_float, env_int, env_pairs, read_secret
+from rutster.spend.gate import (
     DEFAULT_CALL_MAX_COST_MICROS,
     DEFAULT_CALL_MAX_DURATION_S,
     GatePolicy,
 )
-from spend.limits import LimitsError, TenantLimits
-from spend.money import parse_money
-from spend.prices import PriceFileError, PriceTable
-from spend.store import DEFAULT_PREFIX, LEDGER_MAX_ENTRIES, RECEIPT_RETENTION_S
+from rutster.spend.limits import LimitsError, TenantLimits
+from rutster.spend.money import parse_money
+from rutster.spend.prices import PriceFileError, PriceTable
+from rutster.spend.store import DEFAULT_PREFIX, LEDGER_MAX_ENTRIES, RECEIPT_RETENTION_S
 
 #: Where the embedded Redis keeps its data (and the spend journal lives) when
 #: ``RUTSTER_DATA_DIR`` is not set: a folder in the working directory.

@@ -8,24 +8,24 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gateway.call import Call
-from gateway.call_trail import CallTrail
-from gateway.config import GatewayConfig
-from gateway.http_guard import HttpGuardStats
-from gateway.metrics import GatewayMetrics
-from gateway.stream_claims import StreamClaims
-from trunk.call_control import ProviderCallControl
-from trunk.sip.worker_links import SipCallControl, SipWorkerRegistry
+from rutster.gateway.call import Call
+from rutster.gateway.call_trail import CallTrail
+from rutster.gateway.config import GatewayConfig
+from rutster.gateway.http_guard import HttpGuardStats
+from rutster.gateway.metrics import GatewayMetrics
+from rutster.gateway.stream_claims import StreamClaims
+from rutster.trunk.call_control import ProviderCallControl
+from rutster.trunk.sip.worker_links import SipCallControl, SipWorkerRegistry
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from gateway.api.api_keys import AdminKey, ApiKeyStore
-    from gateway.api.rate_limit import RateLimiter
-    from gateway.control_channel import ControlChannel
-    from spend.embedded_redis import EmbeddedRedis
-    from spend.gate import SpendGate
-    from spend.store import SpendStore
+    from rutster.gateway.api.api_keys import AdminKey, ApiKeyStore
+    from rutster.gateway.api.rate_limit import RateLimiter
+    from rutster.gateway.control_channel import ControlChannel
+    from rutster.spend.embedded_redis import EmbeddedRedis
+    from rutster.spend.gate import SpendGate
+    from rutster.spend.store import SpendStore
 
 #: Trails of ended calls kept in memory for inspection. Seed decision: the last
 #: few hundred calls; durable receipts are the spend gate's ledger (Redis).

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from redis import exceptions as redis_errors
 
 if TYPE_CHECKING:
-    from spend.store import SpendStore
+    from rutster.spend.store import SpendStore
 
 log = logging.getLogger(__name__)
 

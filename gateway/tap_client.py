@@ -21,7 +21,7 @@ from typing import get_args
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from brains.tap import (
+from rutster.brains.tap import (
     MAX_MESSAGE_BYTES,
     AudioIn,
     BrainEvent,
@@ -35,8 +35,8 @@ from brains.tap import (
     TapProtocolError,
     UnknownTapEvent,
 )
-from gateway.backoff import Backoff
-from gateway.metrics import GatewayMetrics
+from rutster.gateway.backoff import Backoff
+from rutster.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 

@@ -140,15 +140,15 @@ from typing import Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
-from media.endpointing import DIGITAL_SILENCE_DBFS, frame_level_dbfs
-from media.formats import (
+from rutster.media.endpointing import DIGITAL_SILENCE_DBFS, frame_level_dbfs
+from rutster.media.formats import (
     FRAME_MS,
     NARROWBAND_FRAME_BYTES,
     NARROWBAND_FRAME_SAMPLES,
     NARROWBAND_SAMPLE_RATE,
     ms_to_frames,
 )
-from media.line_echo import WAVE_FRAME, LineEchoCanceller, normalised_xcorr
+from rutster.media.line_echo import WAVE_FRAME, LineEchoCanceller, normalised_xcorr
 
 __all__ = [
     "CANCELLER",

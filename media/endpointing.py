@@ -46,7 +46,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from media.formats import FRAME_MS, NARROWBAND_FRAME_BYTES, NARROWBAND_FRAME_SAMPLES, ms_to_frames
+from rutster.media.formats import (
+    FRAME_MS,
+    NARROWBAND_FRAME_BYTES,
+    NARROWBAND_FRAME_SAMPLES,
+    ms_to_frames,
+)
 
 __all__ = [
     "ABS_FLOOR_DBFS",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from media.formats import CANONICAL_FRAME_SAMPLES, SAMPLE_WIDTH
+from rutster.media.formats import CANONICAL_FRAME_SAMPLES, SAMPLE_WIDTH
 
 __all__ = ["Framer"]
 

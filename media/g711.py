@@ -15,7 +15,7 @@ import sys
 import warnings
 from collections.abc import Callable
 
-from media.formats import SAMPLE_WIDTH, Encoding
+from rutster.media.formats import SAMPLE_WIDTH, Encoding
 
 with warnings.catch_warnings():
     # audioop is deprecated in 3.11/3.12 (PEP 594); audioop-lts keeps it alive on >= 3.13.

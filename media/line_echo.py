@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from media.formats import NARROWBAND_FRAME_SAMPLES, NARROWBAND_SAMPLE_RATE
+from rutster.media.formats import NARROWBAND_FRAME_SAMPLES, NARROWBAND_SAMPLE_RATE
 
 __all__ = [
     "ALIGN_MIN_CORRELATION",

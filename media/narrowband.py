@@ -29,10 +29,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from media.formats import NARROWBAND_FRAME_SAMPLES, NARROWBAND_SAMPLE_RATE
-from media.framer import Framer
-from media.g711 import PcmLengthError
-from media.resample import StreamResampler
+from rutster.media.formats import NARROWBAND_FRAME_SAMPLES, NARROWBAND_SAMPLE_RATE
+from rutster.media.framer import Framer
+from rutster.media.g711 import PcmLengthError
+from rutster.media.resample import StreamResampler
 
 __all__ = [
     "DECIMATION_CUTOFF_HZ",

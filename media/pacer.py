@@ -33,8 +33,8 @@ from enum import StrEnum
 
 import numpy as np
 
-from media.formats import FRAME_MS
-from media.playout import PlayoutBuffer, PlayoutFrame
+from rutster.media.formats import FRAME_MS
+from rutster.media.playout import PlayoutBuffer, PlayoutFrame
 
 __all__ = [
     "BRIDGE_FRAMES",

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from media.formats import FRAME_MS, samples_to_ms
-from media.playout import PlayoutFrame
+from rutster.media.formats import FRAME_MS, samples_to_ms
+from rutster.media.playout import PlayoutFrame
 
 #: Frames remembered: 2 s. A mark comes back within the 60 ms send-ahead plus the
 #: provider's round trip; a requeue needs only the frames still in flight.

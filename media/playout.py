@@ -13,13 +13,13 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from media.formats import (
+from rutster.media.formats import (
     CANONICAL_FRAME_SAMPLES,
     CANONICAL_SAMPLE_RATE,
     SAMPLE_WIDTH,
     samples_to_ms,
 )
-from media.g711 import PcmLengthError
+from rutster.media.g711 import PcmLengthError
 
 __all__ = ["DEFAULT_MAX_MS", "MAX_TRACKED_ITEMS", "PlayoutBuffer", "PlayoutFrame"]
 

@@ -33,7 +33,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from media.g711 import PcmLengthError
+from rutster.media.g711 import PcmLengthError
 
 __all__ = [
     "MAX_FACTOR",

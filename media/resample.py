@@ -39,8 +39,8 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from media.g711 import PcmLengthError
-from media.polyphase import PolyphaseResampler, supports
+from rutster.media.g711 import PcmLengthError
+from rutster.media.polyphase import PolyphaseResampler, supports
 
 __all__ = [
     "DEFAULT_ENGINE",

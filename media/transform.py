@@ -10,10 +10,15 @@ filter at 8 <-> 24 kHz, exactly 20 ms out for each 20 ms in).
 
 from __future__ import annotations
 
-from media.formats import CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE, MediaFormat
-from media.framer import Framer
-from media.g711 import decode, encode
-from media.resample import DEFAULT_ENGINE, ResamplerEngine, StreamResampler, stream_resampler
+from rutster.media.formats import CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE, MediaFormat
+from rutster.media.framer import Framer
+from rutster.media.g711 import decode, encode
+from rutster.media.resample import (
+    DEFAULT_ENGINE,
+    ResamplerEngine,
+    StreamResampler,
+    stream_resampler,
+)
 
 __all__ = ["InboundTransform", "OutboundTransform", "UnsupportedFormatError"]
 

@@ -87,13 +87,13 @@ import numpy as np
 import numpy.typing as npt
 import webrtcvad  # type: ignore[import-untyped]
 
-from media.endpointing import (
+from rutster.media.endpointing import (
     TRAILING_SILENCE_MS,
     EndpointerConfig,
     EnergyEndpointer,
     FrameLengthError,
 )
-from media.formats import FRAME_MS, NARROWBAND_FRAME_BYTES, NARROWBAND_SAMPLE_RATE
+from rutster.media.formats import FRAME_MS, NARROWBAND_FRAME_BYTES, NARROWBAND_SAMPLE_RATE
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -28,10 +28,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from brains.tap import Usage
-from spend.journal import SpendJournal
-from spend.limits import TenantLimits, tightest
-from spend.meter import (
+from rutster.brains.tap import Usage
+from rutster.spend.journal import SpendJournal
+from rutster.spend.limits import TenantLimits, tightest
+from rutster.spend.meter import (
     CallCaps,
     CallMeter,
     End,
@@ -40,9 +40,9 @@ from spend.meter import (
     QuantumPolicy,
     UsageAnomaly,
 )
-from spend.money import Micros
-from spend.prices import PriceTable
-from spend.store import (
+from rutster.spend.money import Micros
+from rutster.spend.prices import PriceTable
+from rutster.spend.store import (
     DEFAULT_LEASE_MS,
     HEARTBEAT_INTERVAL_MS,
     AdmitRequest,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Final
 
-from spend.store import AdmitRequest, SpendStore, StoreUnavailable
+from rutster.spend.store import AdmitRequest, SpendStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

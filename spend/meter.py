@@ -39,9 +39,9 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Final, Literal, TypeAlias
 
-from brains.tap import Usage
-from spend.money import MAX_MICROS, Micros
-from spend.prices import (
+from rutster.brains.tap import Usage
+from rutster.spend.money import MAX_MICROS, Micros
+from rutster.spend.prices import (
     GPT_REALTIME_RATES,
     MAX_TOKEN_COUNT,
     TOKENS_PER_RATE_UNIT,

@@ -49,8 +49,8 @@ from typing import Any, Final, Literal, Self
 import jsonschema
 from jsonschema.exceptions import best_match
 
-from brains.tap import Usage
-from spend.money import MAX_MICROS, Micros, parse_money
+from rutster.brains.tap import Usage
+from rutster.spend.money import MAX_MICROS, Micros, parse_money
 
 __all__ = [
     "ANY",

@@ -62,7 +62,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.typing import EncodableT, FieldT
 
-from spend.limits import (
+from rutster.spend.limits import (
     MAX_CALL_COST_MICROS,
     MAX_CALL_DURATION_S,
     MAX_CONCURRENT_CALLS,
@@ -577,7 +577,7 @@ class StoreKeys:
 
 def _load_script(name: str) -> str:
     """The script ``lua/<name>.lua`` behind the shared helpers of ``lua/common.lua``."""
-    folder = files("spend") / "lua"
+    folder = files("rutster.spend") / "lua"
     common = (folder / "common.lua").read_text(encoding="utf-8")
     return common + (folder / f"{name}.lua").read_text(encoding="utf-8")
 

@@ -17,21 +17,21 @@ import httpx
 import pytest
 import uvicorn
 
-from brains.echo import EchoBrain
-from gateway.app import create_app
-from gateway.config import GatewayConfig
-from gateway.launcher import LOOPBACK, free_port
-from gateway.reflex import ReflexConfig
-from gateway.server import uvicorn_config
-from gateway.spend_settings import SpendSettings
-from gateway.state import GatewayState
-from gateway.tap_allowlist import TapUrlAllowlist
-from spend.embedded_redis import EmbeddedRedis
-from spend.gate import GatePolicy
-from spend.limits import TenantLimits
-from spend.meter import QuantumPolicy
-from spend.prices import PriceTable, TelephonyRate
-from trunk.twilio.simulator import read_wav_8k
+from rutster.brains.echo import EchoBrain
+from rutster.gateway.app import create_app
+from rutster.gateway.config import GatewayConfig
+from rutster.gateway.launcher import LOOPBACK, free_port
+from rutster.gateway.reflex import ReflexConfig
+from rutster.gateway.server import uvicorn_config
+from rutster.gateway.spend_settings import SpendSettings
+from rutster.gateway.state import GatewayState
+from rutster.gateway.tap_allowlist import TapUrlAllowlist
+from rutster.spend.embedded_redis import EmbeddedRedis
+from rutster.spend.gate import GatePolicy
+from rutster.spend.limits import TenantLimits
+from rutster.spend.meter import QuantumPolicy
+from rutster.spend.prices import PriceTable, TelephonyRate
+from rutster.trunk.twilio.simulator import read_wav_8k
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SPEECH_WAV = FIXTURES / "audio" / "caller_speech_8k.wav"

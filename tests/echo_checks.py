@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trunk.twilio.simulator import SimulatedCallResult, best_lag_correlation, echo_windows
+from rutster.trunk.twilio.simulator import SimulatedCallResult, best_lag_correlation, echo_windows
 
 #: Text that starts every echo-quality failure (tests/realtime_echo.py reruns on it).
 ECHO_SHORTFALL = "echo shortfall"

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import soxr
 
-from gateway.launcher import LOOPBACK, Service, free_port, sip_worker_process
+from rutster.gateway.launcher import LOOPBACK, Service, free_port, sip_worker_process
+from rutster.trunk.twilio.simulator import read_wav_8k
 from tests.conftest import RunningGateway, eventually, gateway_config, serve_gateway
-from trunk.twilio.simulator import read_wav_8k
 
 #: The suite's shared SIP secret (gateway and workers).
 TEST_SIP_SECRET = "test-sip-secret-0123456789abcdef"

@@ -17,13 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from brains.echo import EchoBrain
-from gateway import admin_cli
-from gateway.admin_cli import EXIT_API_ERROR, EXIT_CONFIG, EXIT_OK, EXIT_UNREACHABLE
-from gateway.api.schemas import API_KEY_PATTERN
-from gateway.cli import main
-from gateway.launcher import LOOPBACK, free_port
-from spend.limits import TenantLimits
+from rutster.brains.echo import EchoBrain
+from rutster.gateway import admin_cli
+from rutster.gateway.admin_cli import EXIT_API_ERROR, EXIT_CONFIG, EXIT_OK, EXIT_UNREACHABLE
+from rutster.gateway.api.schemas import API_KEY_PATTERN
+from rutster.gateway.cli import main
+from rutster.gateway.launcher import LOOPBACK, free_port
+from rutster.spend.limits import TenantLimits
 from tests.conftest import (
     TEST_ADMIN_KEY,
     RunningGateway,

@@ -25,14 +25,16 @@ import pytest
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate as validate_openapi
 
-from brains.echo import EchoBrain
-from gateway.api.schemas import RESPONSE_SCHEMAS, Schema
-from gateway.api.validation import MAX_BODY_BYTES
-from gateway.spend_settings import SpendSettings
-from spend.embedded_redis import EmbeddedRedis
-from spend.gate import GatePolicy
-from spend.limits import TenantLimits
-from spend.store import CallRecord, SpendStore
+from rutster.brains.echo import EchoBrain
+from rutster.gateway.api.schemas import RESPONSE_SCHEMAS, Schema
+from rutster.gateway.api.validation import MAX_BODY_BYTES
+from rutster.gateway.spend_settings import SpendSettings
+from rutster.spend.embedded_redis import EmbeddedRedis
+from rutster.spend.gate import GatePolicy
+from rutster.spend.limits import TenantLimits
+from rutster.spend.store import CallRecord, SpendStore
+from rutster.trunk.twilio.fake_rest import CalleeOutcome, FakeTwilioRest
+from rutster.trunk.twilio.simulator import TwilioSimulator, new_sid
 from tests.conftest import (
     TEST_ADMIN_KEY,
     TEST_AUTH_TOKEN,
@@ -41,8 +43,6 @@ from tests.conftest import (
     serve_gateway,
     spend_settings,
 )
-from trunk.twilio.fake_rest import CalleeOutcome, FakeTwilioRest
-from trunk.twilio.simulator import TwilioSimulator, new_sid
 
 ACCOUNT_SID = "AC" + "e2" * 16
 #: The tenant's own number (the caller id of placed calls).

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from gateway.api.api_keys import (
+from rutster.gateway.api.api_keys import (
     ADMIN_ENV_KEY_ID,
     MAX_BEARER_TOKEN_CHARS,
     AdminKey,
@@ -23,9 +23,9 @@ from gateway.api.api_keys import (
     hash_key,
     parse_bearer,
 )
-from gateway.api.errors import ApiError
-from gateway.env_values import ConfigError
-from spend.embedded_redis import EmbeddedRedis
+from rutster.gateway.api.errors import ApiError
+from rutster.gateway.env_values import ConfigError
+from rutster.spend.embedded_redis import EmbeddedRedis
 
 NOW_MS = 1_764_504_000_000
 ADMIN_SECRET = "0123456789abcdef0123456789abcdef"

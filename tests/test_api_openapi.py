@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from gateway.api import errors
-from gateway.api.errors import ApiError
-from gateway.api.openapi import build_openapi
-from gateway.api.schemas import (
+from rutster.gateway.api import errors
+from rutster.gateway.api.errors import ApiError
+from rutster.gateway.api.openapi import build_openapi
+from rutster.gateway.api.schemas import (
     CALL_LIST_SCHEMA,
     CALL_SCHEMA,
     CALLS_QUERY_SCHEMA,
@@ -30,7 +30,7 @@ from gateway.api.schemas import (
     TENANT_LIMITS_SCHEMA,
     Schema,
 )
-from gateway.api.validation import ecma_regex, parse_json_body
+from rutster.gateway.api.validation import ecma_regex, parse_json_body
 
 #: The endpoints of design.md, with the request schema each one validates with.
 ENDPOINTS: dict[tuple[str, str], Schema | None] = {

@@ -13,8 +13,8 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from gateway.api import errors
-from gateway.api.rate_limit import (
+from rutster.gateway.api import errors
+from rutster.gateway.api.rate_limit import (
     DEFAULT_BURST,
     DEFAULT_RATE_PER_S,
     RateDecision,
@@ -22,7 +22,7 @@ from gateway.api.rate_limit import (
     RateLimiterUnavailable,
     rate_limit_lua,
 )
-from spend.embedded_redis import EmbeddedRedis
+from rutster.spend.embedded_redis import EmbeddedRedis
 
 T0 = 1_764_504_000_000  # virtual "now", unix ms
 INTERVAL_MS = 1000 / DEFAULT_RATE_PER_S  # 50 ms

@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api import errors
-from gateway.api.errors import ApiError, error_response, handle_api_error
-from gateway.api.schemas import (
+from rutster.gateway.api import errors
+from rutster.gateway.api.errors import ApiError, error_response, handle_api_error
+from rutster.gateway.api.schemas import (
     BRAIN_PATTERN,
     CALL_COST_PATTERN,
     CALL_ID_PATTERN,
@@ -42,7 +42,7 @@ from gateway.api.schemas import (
     TENANT_LIMITS_SCHEMA,
     Schema,
 )
-from gateway.api.validation import (
+from rutster.gateway.api.validation import (
     MAX_BODY_BYTES,
     MAX_INTEGER_DIGITS,
     CallsQuery,

@@ -28,13 +28,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from brains.realtime.mock_server import MockRealtimeServer
-from gateway.call import Call
-from gateway.launcher import LOOPBACK, free_port, realtime_brain_process
-from gateway.reflex import PauseOn, ReflexConfig
-from media.echo_gate import EchoGate
-from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
-from trunk.twilio.simulator import (
+from rutster.brains.realtime.mock_server import MockRealtimeServer
+from rutster.gateway.call import Call
+from rutster.gateway.launcher import LOOPBACK, free_port, realtime_brain_process
+from rutster.gateway.reflex import PauseOn, ReflexConfig
+from rutster.media.echo_gate import EchoGate
+from rutster.trunk.twilio.simulator import (
     SIM_SAMPLE_RATE,
     BargeIn,
     BargeInCaller,
@@ -45,6 +44,7 @@ from trunk.twilio.simulator import (
     frame_levels_dbfs,
     scale_to_active_level,
 )
+from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
 
 #: The caller's active speech level (the report: ordinary phone level).
 CALLER_LEVEL_DBFS = -22.0

@@ -19,8 +19,8 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from brains import conformance
-from brains.conformance import (
+from rutster.brains import conformance
+from rutster.brains.conformance import (
     RULES,
     ConformanceReport,
     RuleResult,
@@ -31,9 +31,9 @@ from brains.conformance import (
     run_conformance,
     voiced_pcm,
 )
-from brains.echo import EchoBrain
-from brains.marker_tone import contains_marker_tone, marker_tone_pcm
-from brains.tap import (
+from rutster.brains.echo import EchoBrain
+from rutster.brains.marker_tone import contains_marker_tone, marker_tone_pcm
+from rutster.brains.tap import (
     MAX_MESSAGE_BYTES,
     AudioIn,
     Direction,
@@ -49,7 +49,7 @@ from brains.tap import (
     ToolsUpdate,
     UnknownTapEvent,
 )
-from gateway.launcher import LOOPBACK, free_port
+from rutster.gateway.launcher import LOOPBACK, free_port
 
 PASS, FAIL, SKIP = RuleStatus.PASS, RuleStatus.FAIL, RuleStatus.SKIP
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -502,7 +502,7 @@ def test_main_refuses_bad_arguments(argv: list[str]) -> None:
 
 def test_python_dash_m_entry_point() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "brains.conformance", "--help"],
+        [sys.executable, "-m", "rutster.brains.conformance", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

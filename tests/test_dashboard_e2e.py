@@ -21,7 +21,14 @@ from typing import Final
 import httpx
 from playwright.async_api import Browser, BrowserContext, Expect, Locator, Page
 
-from brains.echo import EchoBrain
+from rutster.brains.echo import EchoBrain
+from rutster.trunk.twilio.simulator import (
+    SIM_FRAME_BYTES,
+    SIM_SAMPLE_RATE,
+    SimulatedCallResult,
+    TwilioSimulator,
+    new_sid,
+)
 from tests.browser import (  # noqa: F401  (chromium_* are pytest fixtures, used by name)
     artifact_path,
     chromium_browser,
@@ -36,13 +43,6 @@ from tests.conftest import (
     fast_spend_settings,
     gateway_config,
     serve_gateway,
-)
-from trunk.twilio.simulator import (
-    SIM_FRAME_BYTES,
-    SIM_SAMPLE_RATE,
-    SimulatedCallResult,
-    TwilioSimulator,
-    new_sid,
 )
 
 #: Playwright waits (ms) for the page to show what the gateway did. The feed pushes a snapshot

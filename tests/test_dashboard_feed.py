@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-import gateway.dashboard_feed as feed
-from gateway.api.api_keys import hash_key
+import rutster.gateway.dashboard_feed as feed
+from rutster.gateway.api.api_keys import hash_key
 from tests.conftest import TEST_ADMIN_KEY, gateway_config, serve_gateway, spend_settings
 
 

@@ -19,10 +19,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 
-from brains.tap import Hello, SessionEnd
-from gateway.backoff import TAP_RECONNECT_DELAYS_S
-from gateway.launcher import LOOPBACK, Service, echo_brain_process, gateway_process, spawn
-from media.pacer import DEFAULT_LEAD_MS
+from rutster.brains.tap import Hello, SessionEnd
+from rutster.gateway.backoff import TAP_RECONNECT_DELAYS_S
+from rutster.gateway.launcher import LOOPBACK, Service, echo_brain_process, gateway_process, spawn
+from rutster.media.pacer import DEFAULT_LEAD_MS
+from rutster.trunk.twilio.simulator import (
+    TwilioSimulator,
+    best_lag_correlation,
+    connected_message,
+    echo_windows,
+    new_sid,
+    start_message,
+)
 from tests.conftest import eventually
 from tests.echo_checks import (
     ECHO_SHORTFALL,
@@ -31,14 +39,6 @@ from tests.echo_checks import (
     transient_steps_only,
 )
 from tests.realtime_echo import realtime_echo
-from trunk.twilio.simulator import (
-    TwilioSimulator,
-    best_lag_correlation,
-    connected_message,
-    echo_windows,
-    new_sid,
-    start_message,
-)
 
 #: Slack on the pacing check: one event-loop hop on a loaded 2-core CI machine.
 PACING_SLACK_MS = 10.0

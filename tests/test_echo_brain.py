@@ -18,15 +18,15 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidStatus
 
-from brains.bind import BRAIN_BIND_ENV, parse_bind, ws_url
-from brains.echo import (
+from rutster.brains.bind import BRAIN_BIND_ENV, parse_bind, ws_url
+from rutster.brains.echo import (
     DEFAULT_ECHO_HOST,
     DEFAULT_ECHO_PORT,
     WARNING_BURST,
     EchoBrain,
     _WarningThrottle,
 )
-from brains.tap import (
+from rutster.brains.tap import (
     MAX_MESSAGE_BYTES,
     AudioIn,
     AudioOut,
@@ -227,7 +227,7 @@ async def test_flood_of_bad_messages_is_logged_rate_limited_and_without_audio(
 ) -> None:
     fixture = load_fixture_json(C2B, "audio_in")
     bad_audio = json.dumps({**fixture, "samples": 479})  # refused, carries real PCM
-    caplog.set_level(logging.DEBUG, logger="brains.echo")
+    caplog.set_level(logging.DEBUG, logger="rutster.brains.echo")
     async with connect(brain.url) as ws:
         await say_hello(ws)
         for _ in range(50):

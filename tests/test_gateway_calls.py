@@ -16,8 +16,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from brains.echo import EchoBrain
-from brains.tap import (
+from rutster.brains.echo import EchoBrain
+from rutster.brains.tap import (
     AudioClear,
     AudioIn,
     AudioOut,
@@ -29,22 +29,12 @@ from brains.tap import (
     TapDecoder,
     TapEncoder,
 )
-from gateway.app import startup_warnings
-from gateway.config import GatewayConfig
-from gateway.server import MAX_WS_MESSAGE_BYTES
-from media.g711 import ulaw_encode
-from tests.conftest import (
-    TEST_AUTH_TOKEN,
-    RunningGateway,
-    eventually,
-    gateway_config,
-    serve_gateway,
-    spend_settings,
-)
-from tests.echo_checks import assert_echo_intact
-from tests.realtime_echo import realtime_echo
-from trunk.twilio.routes import MAX_WEBHOOK_FIELDS
-from trunk.twilio.simulator import (
+from rutster.gateway.app import startup_warnings
+from rutster.gateway.config import GatewayConfig
+from rutster.gateway.server import MAX_WS_MESSAGE_BYTES
+from rutster.media.g711 import ulaw_encode
+from rutster.trunk.twilio.routes import MAX_WEBHOOK_FIELDS
+from rutster.trunk.twilio.simulator import (
     StreamInstructions,
     TwilioSimulator,
     best_lag_correlation,
@@ -55,6 +45,16 @@ from trunk.twilio.simulator import (
     start_message,
     stop_message,
 )
+from tests.conftest import (
+    TEST_AUTH_TOKEN,
+    RunningGateway,
+    eventually,
+    gateway_config,
+    serve_gateway,
+    spend_settings,
+)
+from tests.echo_checks import assert_echo_intact
+from tests.realtime_echo import realtime_echo
 
 FRAME = 160  # 20 ms of 8 kHz μ-law
 
@@ -635,7 +635,7 @@ async def test_a_call_ends_even_if_a_task_swallows_its_cancellation(
     # Seen under load: a cancellation turned into another exception inside a Redis call
     # left the spend task running, the call never ended and was later reaped at full
     # price. Here the spend tick swallows the first cancel it meets.
-    from spend.gate import CallSpend
+    from rutster.spend.gate import CallSpend
     from tests.conftest import fast_spend_settings
 
     original = CallSpend.tick

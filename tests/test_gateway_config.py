@@ -7,21 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from brains.echo import EchoBrain
-from gateway.config import (
+from rutster.brains.echo import EchoBrain
+from rutster.gateway.config import (
     DEFAULT_BRAIN_GRACE_MS,
     DEFAULT_PUBLIC_URL,
     DEFAULT_TAP_URL,
     GENERATED_SECRET_BYTES,
     GatewayConfig,
 )
-from gateway.env_values import ConfigError
-from gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES
-from gateway.reflex import PauseOn
-from media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
-from media.playout import DEFAULT_MAX_MS
+from rutster.gateway.env_values import ConfigError
+from rutster.gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES
+from rutster.gateway.reflex import PauseOn
+from rutster.media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
+from rutster.media.playout import DEFAULT_MAX_MS
+from rutster.trunk.twilio.simulator import TwilioSimulator, new_sid, parse_connect_stream
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
-from trunk.twilio.simulator import TwilioSimulator, new_sid, parse_connect_stream
 
 TOKEN = "tok-SECRET-7f3a9c"  # distinctive, so a leak into a message or repr is easy to spot
 STREAM_SECRET = "stream-SECRET-0123456789abcdef"

@@ -8,7 +8,7 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 
-from brains.tap import (
+from rutster.brains.tap import (
     MAX_ID_CHARS,
     FunctionCall,
     FunctionCallOutput,
@@ -18,7 +18,9 @@ from brains.tap import (
     ToolSpec,
     ToolsUpdate,
 )
-from brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
+from rutster.brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
+from rutster.trunk.twilio.fake_rest import FakeTwilioRest
+from rutster.trunk.twilio.simulator import new_sid
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     RunningGateway,
@@ -27,8 +29,6 @@ from tests.conftest import (
     serve_gateway,
 )
 from tests.test_gateway_calls import RecordingBrain, start_stream
-from trunk.twilio.fake_rest import FakeTwilioRest
-from trunk.twilio.simulator import new_sid
 
 
 class ScriptedToolBrain(RecordingBrain):

@@ -27,8 +27,8 @@ import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from brains.echo import EchoBrain
-from brains.tap import (
+from rutster.brains.echo import EchoBrain
+from rutster.brains.tap import (
     MAX_AUDIO_OUT_SAMPLES,
     MAX_MESSAGE_BYTES,
     AudioIn,
@@ -40,9 +40,10 @@ from brains.tap import (
     TapDecoder,
     TapEncoder,
 )
-from gateway.call import Call, monotonic_ms
-from gateway.launcher import LOOPBACK
-from gateway.tap_client import TAP_CLOSE_TIMEOUT_S
+from rutster.gateway.call import Call, monotonic_ms
+from rutster.gateway.launcher import LOOPBACK
+from rutster.gateway.tap_client import TAP_CLOSE_TIMEOUT_S
+from rutster.trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     RunningGateway,
@@ -52,7 +53,6 @@ from tests.conftest import (
 )
 from tests.echo_checks import assert_echo_intact
 from tests.realtime_echo import realtime_echo
-from trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator
 
 #: Generous bound for anything that should happen "soon" on a loaded 2-core machine.
 SOON_S = 10.0
@@ -444,7 +444,9 @@ async def test_hostile_brains_alongside_normal_calls(
 
         # -- nothing escaped, and the logs say what happened --------------------------
         assert errors_logged(caplog) == []
-        messages = [r.getMessage() for r in caplog.records if r.name == "gateway.tap_client"]
+        messages = [
+            r.getMessage() for r in caplog.records if r.name == "rutster.gateway.tap_client"
+        ]
         assert any(
             garbage_call.session_id in msg and "dropped a bad brain message" in msg
             for msg in messages
@@ -454,7 +456,8 @@ async def test_hostile_brains_alongside_normal_calls(
         (flood_summary,) = [
             r.getMessage()
             for r in caplog.records
-            if r.name == "gateway.call" and f"call {flood_call.session_id} ended" in r.getMessage()
+            if r.name == "rutster.gateway.call"
+            and f"call {flood_call.session_id} ended" in r.getMessage()
         ]
         dropped = re.search(r"overflow_dropped_ms=(\d+)", flood_summary)
         assert dropped is not None and int(dropped.group(1)) > 0, flood_summary

@@ -10,7 +10,7 @@ bench.hostile_campaign``); its figures are in the README.
 from __future__ import annotations
 
 from bench.hostile_campaign import WORKERS, run_campaign
-from media.pacer import DEFAULT_LEAD_MS
+from rutster.media.pacer import DEFAULT_LEAD_MS
 from tests.echo_checks import ECHO_SHORTFALL
 from tests.realtime_echo import realtime_echo
 

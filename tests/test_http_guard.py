@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import uvicorn
 import websockets
 
-from gateway.app import create_app
-from gateway.http_guard import HttpGuardStats, guarded_http_protocol
-from gateway.launcher import LOOPBACK, free_port
-from gateway.server import uvicorn_config
-from gateway.state import GatewayState
+from rutster.gateway.app import create_app
+from rutster.gateway.http_guard import HttpGuardStats, guarded_http_protocol
+from rutster.gateway.launcher import LOOPBACK, free_port
+from rutster.gateway.server import uvicorn_config
+from rutster.gateway.state import GatewayState
 from tests.conftest import eventually, gateway_config
 
 #: Short deadlines so the test does not wait the production 10 s.

@@ -6,7 +6,7 @@ import logging
 import subprocess
 import sys
 
-from gateway.log_format import LOG_FORMAT, OneLineFormatter, escape_controls
+from rutster.gateway.log_format import LOG_FORMAT, OneLineFormatter, escape_controls
 
 FORGED = "bye\n2026-12-03 07:00:00,000 ERROR gateway.call: forged\r\x1b[2J\u2028end"
 
@@ -20,7 +20,7 @@ def test_escape_controls() -> None:
 def test_a_peer_string_stays_on_its_line_and_a_traceback_keeps_its_own() -> None:
     formatter = OneLineFormatter(LOG_FORMAT)
     record = logging.LogRecord(
-        "gateway.tap", logging.WARNING, __file__, 1, "brain: %s", (FORGED,), None
+        "rutster.gateway.tap", logging.WARNING, __file__, 1, "brain: %s", (FORGED,), None
     )
     line = formatter.format(record)
     assert "\n" not in line and "\r" not in line and "\x1b" not in line and "\u2028" not in line
@@ -34,14 +34,14 @@ def test_a_peer_string_stays_on_its_line_and_a_traceback_keeps_its_own() -> None
 
 def test_the_gateway_and_sip_worker_log_one_line_per_record() -> None:
     """What ``rutster serve`` (and ``rutster sip-worker``) set up: one line per record."""
-    for module in ("gateway.cli", "trunk.sip.cli"):
+    for module in ("rutster.gateway.cli", "rutster.trunk.sip.cli"):
         code = (
             f"import logging; from {module} import _setup_logging; _setup_logging('info'); "
-            f"logging.getLogger('gateway.tap').warning('brain error: %s', {FORGED!r})"
+            f"logging.getLogger('rutster.gateway.tap').warning('brain error: %s', {FORGED!r})"
         )
         done = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
         )
         lines = done.stderr.splitlines()
         assert len(lines) == 1, (module, lines)
-        assert "WARNING gateway.tap: brain error: bye\\x0a2026" in lines[0]
+        assert "WARNING rutster.gateway.tap: brain error: bye\\x0a2026" in lines[0]

@@ -13,8 +13,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from brains.realtime.mock_voice import synthesize_reply
-from media.echo_gate import (
+from rutster.brains.realtime.mock_voice import synthesize_reply
+from rutster.media.echo_gate import (
     MAX_ERL_RISE_DB_PER_S,
     MIN_ERL_DB,
     NEAR_END_FLOOR_DBFS,
@@ -24,8 +24,8 @@ from media.echo_gate import (
     EchoGateInputError,
     EchoVerdict,
 )
-from media.endpointing import DIGITAL_SILENCE_DBFS, frame_level_dbfs
-from media.formats import (
+from rutster.media.endpointing import DIGITAL_SILENCE_DBFS, frame_level_dbfs
+from rutster.media.formats import (
     CANONICAL_FRAME_BYTES,
     FRAME_MS,
     NARROWBAND_FRAME_BYTES,
@@ -34,10 +34,10 @@ from media.formats import (
     Encoding,
     MediaFormat,
 )
-from media.g711 import ulaw_decode, ulaw_encode
-from media.narrowband import NarrowbandTap
-from media.transform import InboundTransform, OutboundTransform
-from trunk.twilio.simulator import read_wav_8k
+from rutster.media.g711 import ulaw_decode, ulaw_encode
+from rutster.media.narrowband import NarrowbandTap
+from rutster.media.transform import InboundTransform, OutboundTransform
+from rutster.trunk.twilio.simulator import read_wav_8k
 
 FIXTURE = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
 WIRE_RATE = TWILIO_MULAW_8K.sample_rate

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from media.endpointing import (
+from rutster.media.endpointing import (
     ABS_FLOOR_DBFS,
     DIGITAL_SILENCE_DBFS,
     MIN_SPEECH_MS,
@@ -27,13 +27,13 @@ from media.endpointing import (
     TurnEnded,
     frame_level_dbfs,
 )
-from media.formats import FRAME_MS as FRAME_MS_INT
-from media.formats import (
+from rutster.media.formats import FRAME_MS as FRAME_MS_INT
+from rutster.media.formats import (
     NARROWBAND_FRAME_BYTES,
     NARROWBAND_FRAME_SAMPLES,
     NARROWBAND_SAMPLE_RATE,
 )
-from trunk.twilio.simulator import read_wav_8k
+from rutster.trunk.twilio.simulator import read_wav_8k
 
 FIXTURE = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
 FRAME_MS = float(FRAME_MS_INT)

@@ -19,8 +19,8 @@ import soxr
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from brains.realtime.mock_voice import synthesize_reply
-from brains.tap import (
+from rutster.brains.realtime.mock_voice import synthesize_reply
+from rutster.brains.tap import (
     AudioClear,
     AudioIn,
     AudioOut,
@@ -33,23 +33,23 @@ from brains.tap import (
     TapEncoder,
     TurnOwner,
 )
-from gateway.engine_rig import LINE_RATE, RATE, ReflexRig
-from gateway.media_engine import BadInput, BrainAudio, MediaEngine
-from media.echo_gate import EchoGate
-from media.formats import (
+from rutster.gateway.engine_rig import LINE_RATE, RATE, ReflexRig
+from rutster.gateway.media_engine import BadInput, BrainAudio, MediaEngine
+from rutster.media.echo_gate import EchoGate
+from rutster.media.formats import (
     CANONICAL_FRAME_BYTES,
     FRAME_MS,
     TWILIO_MULAW_8K,
     Encoding,
     MediaFormat,
 )
-from media.g711 import ulaw_encode
-from media.pacer import DEFAULT_LEAD_MS
-from media.vad import SPEECH_THRESHOLD, make_detector
+from rutster.media.g711 import ulaw_encode
+from rutster.media.pacer import DEFAULT_LEAD_MS
+from rutster.media.vad import SPEECH_THRESHOLD, make_detector
+from rutster.trunk.events import AudioReceived, ClearPlayback, MarkPlayed, PlaceMark, PlayAudio
+from rutster.trunk.twilio.simulator import media_message
 from tests.conftest import eventually, gateway_config, serve_gateway
 from tests.test_gateway_calls import start_stream
-from trunk.events import AudioReceived, ClearPlayback, MarkPlayed, PlaceMark, PlayAudio
-from trunk.twilio.simulator import media_message
 
 REPLY = synthesize_reply(4_000)
 CALLER = synthesize_reply(1_500, seed=5)

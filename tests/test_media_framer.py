@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES
-from media.framer import Framer
+from rutster.media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES
+from rutster.media.framer import Framer
 
 
 @pytest.mark.parametrize("seed", range(5))

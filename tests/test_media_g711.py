@@ -9,9 +9,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from media import g711
-from media.formats import Encoding
-from media.g711 import PcmLengthError
+from rutster.media import g711
+from rutster.media.formats import Encoding
+from rutster.media.g711 import PcmLengthError
 
 
 def _pcm(*samples: int) -> bytes:

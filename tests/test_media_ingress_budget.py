@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from media.ingress_budget import CALLER_AUDIO_BURST_MS, CallerAudioBudget
+from rutster.media.ingress_budget import CALLER_AUDIO_BURST_MS, CallerAudioBudget
 
 
 def test_a_real_time_stream_with_jitter_is_always_admitted() -> None:

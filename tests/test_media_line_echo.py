@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from media.line_echo import WAVE_FRAME, WAVE_RATE, LineEchoCanceller
+from rutster.media.line_echo import WAVE_FRAME, WAVE_RATE, LineEchoCanceller
 
 FIXTURE = Path(__file__).parent / "fixtures/audio/caller_speech_8k.wav"
 #: Echo path of the tests (8 kHz taps): short and dispersive, as a hybrid's.

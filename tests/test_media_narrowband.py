@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from media.formats import NARROWBAND_FRAME_BYTES, NARROWBAND_FRAME_SAMPLES
-from media.g711 import PcmLengthError
-from media.narrowband import NarrowbandTap
+from rutster.media.formats import NARROWBAND_FRAME_BYTES, NARROWBAND_FRAME_SAMPLES
+from rutster.media.g711 import PcmLengthError
+from rutster.media.narrowband import NarrowbandTap
 
 
 def _tone(hz: float, rate: int, seconds: float, amplitude: float = 8000.0) -> bytes:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES, FRAME_MS
-from media.pacer import (
+from rutster.media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES, FRAME_MS
+from rutster.media.pacer import (
     BRIDGE_FRAMES,
     BRIDGE_LEAD_MS,
     DEFAULT_LEAD_MS,
@@ -16,7 +16,7 @@ from media.pacer import (
     Pacer,
     PacerState,
 )
-from media.playout import PlayoutBuffer, PlayoutFrame
+from rutster.media.playout import PlayoutBuffer, PlayoutFrame
 
 FRAME = bytes(CANONICAL_FRAME_BYTES)
 

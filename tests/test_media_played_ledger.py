@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from media.pacer import Pacer
-from media.played_ledger import PlayedLedger
-from media.playout import PlayoutBuffer, PlayoutFrame
+from rutster.media.pacer import Pacer
+from rutster.media.played_ledger import PlayedLedger
+from rutster.media.playout import PlayoutBuffer, PlayoutFrame
 
 FRAME = 480
 

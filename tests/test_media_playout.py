@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES
-from media.g711 import PcmLengthError
-from media.playout import DEFAULT_MAX_MS, MAX_TRACKED_ITEMS, PlayoutBuffer, PlayoutFrame
+from rutster.media.formats import CANONICAL_FRAME_BYTES, CANONICAL_FRAME_SAMPLES
+from rutster.media.g711 import PcmLengthError
+from rutster.media.playout import DEFAULT_MAX_MS, MAX_TRACKED_ITEMS, PlayoutBuffer, PlayoutFrame
 
 
 def _ramp(start: int, count: int) -> bytes:

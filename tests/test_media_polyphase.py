@@ -10,8 +10,8 @@ import numpy.typing as npt
 import pytest
 import soxr
 
-from media.g711 import PcmLengthError
-from media.polyphase import (
+from rutster.media.g711 import PcmLengthError
+from rutster.media.polyphase import (
     STOPBAND_ATTENUATION_DB,
     PolyphaseResampler,
     kaiser_lowpass,

@@ -10,8 +10,8 @@ import numpy.typing as npt
 import pytest
 import soxr
 
-from media.g711 import PcmLengthError
-from media.resample import DEFAULT_QUALITY, StreamResampler
+from rutster.media.g711 import PcmLengthError
+from rutster.media.resample import DEFAULT_QUALITY, StreamResampler
 
 RATE_PAIRS = [(8000, 24000), (24000, 8000), (16000, 24000)]
 IRREGULAR_CHUNKS = [37, 160, 3, 211, 0, 1, 480, 999, 64]

@@ -9,16 +9,16 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from media.formats import (
+from rutster.media.formats import (
     CANONICAL_FRAME_BYTES,
     CANONICAL_FRAME_SAMPLES,
     TWILIO_MULAW_8K,
     Encoding,
     MediaFormat,
 )
-from media.g711 import PcmLengthError, alaw_encode, ulaw_decode, ulaw_encode
-from media.resample import ResamplerEngine
-from media.transform import InboundTransform, OutboundTransform, UnsupportedFormatError
+from rutster.media.g711 import PcmLengthError, alaw_encode, ulaw_decode, ulaw_encode
+from rutster.media.resample import ResamplerEngine
+from rutster.media.transform import InboundTransform, OutboundTransform, UnsupportedFormatError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
 # HQ soxr holds back at most one DFT block plus the filter delay: ~75 ms at 24 kHz.

@@ -11,15 +11,15 @@ import numpy.typing as npt
 import pytest
 import soxr
 
-from media import vad
-from media.endpointing import EnergyEndpointer, FrameLengthError
-from media.formats import (
+from rutster.media import vad
+from rutster.media.endpointing import EnergyEndpointer, FrameLengthError
+from rutster.media.formats import (
     CANONICAL_FRAME_BYTES,
     NARROWBAND_FRAME_BYTES,
     NARROWBAND_FRAME_SAMPLES,
     NARROWBAND_SAMPLE_RATE,
 )
-from media.vad import (
+from rutster.media.vad import (
     CASCADE_GATE_CONFIG,
     DEFAULT_DETECTOR,
     DETECTOR_NAMES,

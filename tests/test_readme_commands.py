@@ -73,10 +73,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.env_values import read_secret
-from gateway.launcher import LOOPBACK, Service, free_port, wait_healthy, wait_listening
+from rutster.gateway.env_values import read_secret
+from rutster.gateway.launcher import LOOPBACK, Service, free_port, wait_healthy, wait_listening
+from rutster.trunk.twilio.simulator import TwilioSimulator, best_lag_correlation, read_wav_8k
 from tests.echo_checks import transient_steps_only
-from trunk.twilio.simulator import TwilioSimulator, best_lag_correlation, read_wav_8k
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -599,8 +599,8 @@ async def test_try_it_locally_echoes_a_twilio_call_on_time() -> None:
 
 async def test_sip_try_it_locally_echoes_a_pjsua2_call_on_time() -> None:
     pytest.importorskip("pjsua2", reason="pjsua2-python is not installed (SIP legs need it)")
+    from rutster.trunk.sip.peer import SipPeerProcess
     from tests.sip_stack import speech_16k
-    from trunk.sip.peer import SipPeerProcess
 
     speech = speech_16k(str(SPEECH_WAV), CALL_SECONDS)
     with run_block(SIP_DOC, "sip-local") as stack:

@@ -16,16 +16,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from brains.marker_tone import marker_tone_pcm
-from brains.realtime.config import MOCK_API_KEY, RealtimeBrainConfig
-from brains.realtime.mock_server import MockRealtimeServer, MockSession
-from brains.realtime.server import RealtimeBrain
-from brains.tap import SessionEndReason
-from brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
-from gateway.launcher import LOOPBACK, free_port, realtime_brain_process
-from gateway.tool_registry import ToolLimits
-from gateway.transfer_allowlist import TransferAllowlist
-from media.resample import StreamResampler
+from rutster.brains.marker_tone import marker_tone_pcm
+from rutster.brains.realtime.config import MOCK_API_KEY, RealtimeBrainConfig
+from rutster.brains.realtime.mock_server import MockRealtimeServer, MockSession
+from rutster.brains.realtime.server import RealtimeBrain
+from rutster.brains.tap import SessionEndReason
+from rutster.brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
+from rutster.gateway.launcher import LOOPBACK, free_port, realtime_brain_process
+from rutster.gateway.tool_registry import ToolLimits
+from rutster.gateway.transfer_allowlist import TransferAllowlist
+from rutster.media.resample import StreamResampler
+from rutster.trunk.twilio.fake_rest import FakeTwilioRest
+from rutster.trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator, new_sid
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     RunningGateway,
@@ -33,8 +35,6 @@ from tests.conftest import (
     gateway_config,
     serve_gateway,
 )
-from trunk.twilio.fake_rest import FakeTwilioRest
-from trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator, new_sid
 
 SAMPLE_RATE_8K = 8_000
 #: Fluent speech in the fixture (the endpointer tests show 9-14 s is never cut).

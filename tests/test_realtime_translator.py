@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from brains.realtime.config import RealtimeBrainConfig
-from brains.realtime.translator import (
+from rutster.brains.realtime.config import RealtimeBrainConfig
+from rutster.brains.realtime.translator import (
     ERROR_AUTH_FAILED,
     ERROR_UPSTREAM,
     MIN_COMMIT_MS,
     RealtimeTranslator,
     session_update,
 )
-from brains.tap import (
+from rutster.brains.tap import (
     AdvisorySpeechStarted,
     AdvisorySpeechStopped,
     AudioIn,
@@ -30,7 +30,7 @@ from brains.tap import (
     ToolStatus,
     Usage,
 )
-from brains.tool_catalog import HANGUP_TOOL
+from rutster.brains.tool_catalog import HANGUP_TOOL
 
 FRAME = b"\x01\x00" * 480  # 20 ms at 24 kHz
 CONFIG = RealtimeBrainConfig(api_key="k", tools=(HANGUP_TOOL,))

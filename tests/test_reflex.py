@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bench.eval_corpus import Utterance
-from brains.realtime.mock_voice import synthesize_reply
-from brains.tap import SpeechStarted, SpeechStopped
-from gateway.engine_rig import (
+from rutster.brains.realtime.mock_voice import synthesize_reply
+from rutster.brains.tap import SpeechStarted, SpeechStopped
+from rutster.gateway.engine_rig import (
     FRAME_MS,
     RATE,
     EchoPath,
@@ -22,12 +22,12 @@ from gateway.engine_rig import (
     ReflexRig,
     ScriptedBrain,
 )
-from gateway.reflex import ClearProvider, PauseOn, ReflexConfig, ReflexState
-from media.endpointing import frame_level_dbfs
-from media.resample import StreamResampler
+from rutster.gateway.reflex import ClearProvider, PauseOn, ReflexConfig, ReflexState
+from rutster.media.endpointing import frame_level_dbfs
+from rutster.media.resample import StreamResampler
+from rutster.trunk.events import ClearPlayback
+from rutster.trunk.twilio.simulator import read_wav_8k
 from tests.conftest import SPEECH_WAV
-from trunk.events import ClearPlayback
-from trunk.twilio.simulator import read_wav_8k
 
 #: Fluent speech in the fixture (no noise bursts): 9-14 s.
 CALLER_FROM_S = 9.0

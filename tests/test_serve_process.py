@@ -25,8 +25,8 @@ import httpx
 import psutil
 import pytest
 
-from gateway.launcher import LOOPBACK, Service, free_port, gateway_process
-from gateway.state import GatewayState
+from rutster.gateway.launcher import LOOPBACK, Service, free_port, gateway_process
+from rutster.gateway.state import GatewayState
 
 #: How long a refused start may take: the interpreter, the imports, the bind.
 REFUSED_START_S = 15.0
@@ -39,7 +39,16 @@ ORPHAN_GRACE_S = 5.0
 
 
 def serve_command(port: int) -> list[str]:
-    return [sys.executable, "-m", "gateway.cli", "serve", "--host", LOOPBACK, "--port", str(port)]
+    return [
+        sys.executable,
+        "-m",
+        "rutster.gateway.cli",
+        "serve",
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+    ]
 
 
 @pytest.fixture
@@ -135,7 +144,7 @@ def test_the_embedded_redis_does_not_outlive_a_killed_gateway() -> None:
 
 
 async def test_shutdown_goes_on_past_a_task_that_ignores_its_cancellation() -> None:
-    from gateway.app import TASK_STOP_TIMEOUT_S, stop_spend_services
+    from rutster.gateway.app import TASK_STOP_TIMEOUT_S, stop_spend_services
 
     release = asyncio.Event()
 

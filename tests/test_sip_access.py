@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trunk.sip.access import (
+from rutster.trunk.sip.access import (
     ACCESS_REASONS,
     DEFAULT_BLOCK_S,
     DEFAULT_CHALLENGE_LIMIT,
@@ -20,7 +20,7 @@ from trunk.sip.access import (
     allowed_networks,
     parse_source_ip,
 )
-from trunk.sip.digest import DigestAuthenticator, digest_response, parse_authorization
+from rutster.trunk.sip.digest import DigestAuthenticator, digest_response, parse_authorization
 
 SECRET = b"policy-test-secret-0123456789abc"
 REALM = "rutster.test"

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trunk.sip.digest import (
+from rutster.trunk.sip.digest import (
     DEFAULT_NONCE_TTL_S,
     NONCE_FUTURE_TOLERANCE_S,
     VERDICT_REASONS,

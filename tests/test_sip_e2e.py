@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from websockets.asyncio.server import ServerConnection
 
-from brains.tap import (
+from rutster.brains.tap import (
     AudioIn,
     Dtmf,
     FunctionCall,
@@ -25,15 +25,15 @@ from brains.tap import (
     TapEncoder,
     ToolsUpdate,
 )
-from brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
-from gateway.launcher import free_port
-from gateway.transfer_allowlist import TransferAllowlist
+from rutster.brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
+from rutster.gateway.launcher import free_port
+from rutster.gateway.transfer_allowlist import TransferAllowlist
+from rutster.trunk.sip.load_generator import analyse_echo
+from rutster.trunk.sip.peer import SipPeerProcess
 from tests.conftest import TEST_ADMIN_KEY, eventually
 from tests.realtime_echo import check_sip_echo, realtime_echo
 from tests.sip_stack import sip_stack, speech_16k
 from tests.test_gateway_calls import RecordingBrain
-from trunk.sip.load_generator import analyse_echo
-from trunk.sip.peer import SipPeerProcess
 
 SPEECH = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}

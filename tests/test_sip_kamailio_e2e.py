@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from rutster.trunk.sip.load_generator import analyse_echo
+from rutster.trunk.sip.peer import SipPeerProcess
 from tests.conftest import eventually
 from tests.realtime_echo import check_sip_echo, realtime_echo
 from tests.sip_stack import SipStack, sip_stack, speech_16k
@@ -28,8 +30,6 @@ from tests.test_sip_kamailio import (
     kamailio_binary,
     options_answered,
 )
-from trunk.sip.load_generator import analyse_echo
-from trunk.sip.peer import SipPeerProcess
 
 #: Time Kamailio gets to answer its first OPTIONS after starting.
 KAMAILIO_START_S = 15.0

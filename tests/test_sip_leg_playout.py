@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trunk.sip.leg_playout import DEFAULT_FRAME_BYTES, MAX_PENDING_MARKS, LegPlayout
+from rutster.trunk.sip.leg_playout import DEFAULT_FRAME_BYTES, MAX_PENDING_MARKS, LegPlayout
 
 FRAME = DEFAULT_FRAME_BYTES
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.realtime_echo import check_sip_echo, realtime_echo
-from trunk.sip.load_generator import (
+from rutster.trunk.sip.load_generator import (
     DEFAULT_SPEECH_PATH,
     GOAL_CONCURRENT_CALLS,
     CallResult,
@@ -20,7 +19,8 @@ from trunk.sip.load_generator import (
     main,
     run_load,
 )
-from trunk.sip.peer import SipPeerProcess
+from rutster.trunk.sip.peer import SipPeerProcess
+from tests.realtime_echo import check_sip_echo, realtime_echo
 
 #: Bytes per second of PCM16 mono 16 kHz.
 BPS = 32_000

@@ -12,10 +12,9 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from gateway.cli import main
-from media.vad import DEFAULT_DETECTOR
-from tests.realtime_echo import check_sip_echo, realtime_echo
-from trunk.sip.load_stack import (
+from rutster.gateway.cli import main
+from rutster.media.vad import DEFAULT_DETECTOR
+from rutster.trunk.sip.load_stack import (
     MetricSample,
     cpu_delta,
     format_stack_report,
@@ -24,7 +23,8 @@ from trunk.sip.load_stack import (
     parse_metrics,
     workers_needed,
 )
-from trunk.sip.peer import SipPeerProcess
+from rutster.trunk.sip.peer import SipPeerProcess
+from tests.realtime_echo import check_sip_echo, realtime_echo
 
 
 def _stack_children() -> list[list[str]]:
@@ -33,7 +33,9 @@ def _stack_children() -> list[list[str]]:
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             cmdline = child.cmdline()
-            if "gateway.cli" in cmdline or any("multiprocessing.spawn" in arg for arg in cmdline):
+            if "rutster.gateway.cli" in cmdline or any(
+                "multiprocessing.spawn" in arg for arg in cmdline
+            ):
                 found.append(cmdline)
     return found
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trunk.sip.non_digest_credentials import (
+from rutster.trunk.sip.non_digest_credentials import (
     OTHER_SCHEME_LABEL,
     strip_non_digest_credentials,
 )

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from trunk.sip import pj_dropped_packets
-from trunk.sip.pj_dropped_packets import PJSIP_EINVALIDMSG, DroppedPacketHook
+from rutster.trunk.sip import pj_dropped_packets
+from rutster.trunk.sip.pj_dropped_packets import PJSIP_EINVALIDMSG, DroppedPacketHook
 
 REFUSED = b"INVITE sip:x SIP/2.0\r\nAuthorization: Basic eA==\r\nCall-ID: c\r\n\r\n"
 REPAIRED = b"INVITE sip:x SIP/2.0\r\nCall-ID: c\r\n\r\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trunk.sip.pool import (
+from rutster.trunk.sip.pool import (
     MAX_WORKERS,
     PoolConfigError,
     RestartPolicy,
@@ -54,7 +54,7 @@ sys.exit(3)
 #: Runs a pool in its own process (so real signals reach it) and prints the worker pids.
 POOL_MAIN = """
 import asyncio, json, sys
-from trunk.sip.pool import SipWorkerPool
+from rutster.trunk.sip.pool import SipWorkerPool
 
 async def main() -> None:
     child, base = sys.argv[1], int(sys.argv[2])

@@ -11,16 +11,16 @@ import asyncio
 import os
 import signal
 
-from brains.echo import EchoBrain
-from gateway.launcher import LOOPBACK
+from rutster.brains.echo import EchoBrain
+from rutster.gateway.launcher import LOOPBACK
+from rutster.trunk.sip.cli import sip_worker_argv
+from rutster.trunk.sip.load_generator import DEFAULT_SPEECH_PATH, analyse_echo, voiced_frames
+from rutster.trunk.sip.load_stack import free_port_block, wait_workers_connected
+from rutster.trunk.sip.peer import FRAME_BYTES, CallHandle, SipPeerProcess
+from rutster.trunk.sip.pool import SipWorkerPool
 from tests.conftest import RunningGateway, eventually, gateway_config, serve_gateway
 from tests.realtime_echo import check_sip_echo, realtime_echo
 from tests.sip_stack import TEST_SIP_SECRET, speech_16k, worker_env
-from trunk.sip.cli import sip_worker_argv
-from trunk.sip.load_generator import DEFAULT_SPEECH_PATH, analyse_echo, voiced_frames
-from trunk.sip.load_stack import free_port_block, wait_workers_connected
-from trunk.sip.peer import FRAME_BYTES, CallHandle, SipPeerProcess
-from trunk.sip.pool import SipWorkerPool
 
 #: 20 ms frames per second.
 FRAMES_PER_S = 50

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from brains.tap import AudioIn, Hello, SessionEnd
-from gateway.launcher import LOOPBACK
+from rutster.brains.tap import AudioIn, Hello, SessionEnd
+from rutster.gateway.launcher import LOOPBACK
+from rutster.trunk.sip.access import DEFAULT_FAILURE_LIMIT
+from rutster.trunk.sip.load_generator import analyse_echo, voiced_frames
+from rutster.trunk.sip.peer import FRAME_BYTES, CallHandle, SipPeerProcess
 from tests.conftest import eventually
 from tests.sip_scan import ScanRun, run_scanner, runner_command, svmap_command
 from tests.sip_stack import SipStack, sip_stack, speech_16k
 from tests.test_sip_e2e import SipBrain
-from trunk.sip.access import DEFAULT_FAILURE_LIMIT
-from trunk.sip.load_generator import analyse_echo, voiced_frames
-from trunk.sip.peer import FRAME_BYTES, CallHandle, SipPeerProcess
 
 SPEECH = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
 

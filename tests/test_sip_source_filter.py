@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trunk.sip.source_filter import (
+from rutster.trunk.sip.source_filter import (
     BPF_MAXINSNS,
     MAX_DENIED_ENTRIES,
     SKF_NET_OFF,

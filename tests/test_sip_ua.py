@@ -24,9 +24,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from tests.conftest import eventually
-from trunk.sip.pj_dropped_packets import PJSIP_EINVALIDMSG
-from trunk.sip.ua import (
+from rutster.trunk.sip.pj_dropped_packets import PJSIP_EINVALIDMSG
+from rutster.trunk.sip.ua import (
     WHEEL_MAX_CALLS,
     InviteArrived,
     LegAudio,
@@ -47,6 +46,7 @@ from trunk.sip.ua import (
     invite_info_from_message,
     parse_sip_headers,
 )
+from tests.conftest import eventually
 
 REPO = Path(__file__).resolve().parent.parent
 #: Per-step wait for an expected event (generous for a loaded 2-core CI box).
@@ -836,7 +836,7 @@ async def test_bind_failed_when_port_taken() -> None:
 _STOP_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys
-    from trunk.sip.ua import LegConnected, LegEnded, SipUserAgent, UaSettings
+    from rutster.trunk.sip.ua import LegConnected, LegEnded, SipUserAgent, UaSettings
 
     async def main(target):
         q = asyncio.Queue()

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trunk.events import (
+from rutster.trunk.events import (
     AudioReceived,
     CallContext,
     CallDirection,
@@ -24,7 +24,7 @@ from trunk.events import (
     StreamStopped,
     UnknownIngressEvent,
 )
-from trunk.sip.wire import (
+from rutster.trunk.sip.wire import (
     CONTROL_SCHEMAS,
     DTMF_DIGITS,
     MAX_AUDIO_FRAME_BYTES,

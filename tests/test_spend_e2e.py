@@ -22,11 +22,13 @@ import httpx
 import pytest
 from websockets.asyncio.server import ServerConnection
 
-from brains.tap import Hello, SessionEnd, TapEncoder, Usage
-from spend.embedded_redis import EmbeddedRedis
-from spend.journal import SettleRecord
-from spend.limits import TenantLimits
-from spend.meter import QuantumPolicy
+from rutster.brains.tap import Hello, SessionEnd, TapEncoder, Usage
+from rutster.spend.embedded_redis import EmbeddedRedis
+from rutster.spend.journal import SettleRecord
+from rutster.spend.limits import TenantLimits
+from rutster.spend.meter import QuantumPolicy
+from rutster.trunk.twilio.fake_rest import FakeTwilioRest
+from rutster.trunk.twilio.simulator import SimulatedCallee, TwilioSimulator
 from tests.conftest import (
     FAST_MICROS_PER_MINUTE,
     TEST_AUTH_TOKEN,
@@ -38,8 +40,6 @@ from tests.conftest import (
     tenant_key,
 )
 from tests.test_gateway_calls import RecordingBrain
-from trunk.twilio.fake_rest import FakeTwilioRest
-from trunk.twilio.simulator import SimulatedCallee, TwilioSimulator
 
 ACCOUNT_SID = "AC" + "7e" * 16
 CALLER_ID = "+15550001111"

@@ -12,8 +12,8 @@ from typing import Any, cast
 
 import pytest
 
-from spend.embedded_redis import EmbeddedRedis
-from spend.journal import (
+from rutster.spend.embedded_redis import EmbeddedRedis
+from rutster.spend.journal import (
     AdmitRecord,
     HeartbeatRecord,
     JournalRecord,
@@ -22,8 +22,8 @@ from spend.journal import (
     decode_record,
     encode_record,
 )
-from spend.limits import TenantLimits
-from spend.store import (
+from rutster.spend.limits import TenantLimits
+from rutster.spend.store import (
     AdmitRequest,
     SettleResult,
     SpendStore,

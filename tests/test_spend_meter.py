@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brains.tap import Usage
-from spend.meter import (
+from rutster.brains.tap import Usage
+from rutster.spend.meter import (
     CEILING_INPUT_TOKENS_PER_S,
     CEILING_OUTPUT_TOKENS_PER_S,
     CONTINUE,
@@ -28,8 +28,8 @@ from spend.meter import (
     QuantumPolicy,
     UsageCeiling,
 )
-from spend.money import MAX_MICROS
-from spend.prices import (
+from rutster.spend.money import MAX_MICROS
+from rutster.spend.prices import (
     MAX_TOKEN_COUNT,
     BrainRates,
     PriceTable,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spend.money import (
+from rutster.spend.money import (
     MAX_MICROS,
     MAX_MONEY_TEXT_CHARS,
     MICROS_PER_USD,

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brains.tap import Usage
-from spend.prices import (
+from rutster.brains.tap import Usage
+from rutster.spend.prices import (
     GPT_REALTIME_MINI_RATES,
     GPT_REALTIME_RATES,
     MAX_TOKEN_COUNT,

@@ -16,12 +16,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.launcher import LOOPBACK, Service, gateway_process
-from spend.meter import QuantumPolicy
-from spend.prices import PriceTable
-from spend.store import SpendStore, redis_client
+from rutster.gateway.launcher import LOOPBACK, Service, gateway_process
+from rutster.spend.meter import QuantumPolicy
+from rutster.spend.prices import PriceTable
+from rutster.spend.store import SpendStore, redis_client
+from rutster.trunk.twilio.simulator import TwilioSimulator, new_sid
 from tests.conftest import suite_redis_url, unique_prefix
-from trunk.twilio.simulator import TwilioSimulator, new_sid
 
 GATEWAYS = 3
 WEBHOOKS = 36

@@ -24,9 +24,9 @@ from typing import TypedDict, cast
 
 import pytest
 
-from spend.embedded_redis import EmbeddedRedis
-from spend.limits import TenantLimits, tightest
-from spend.store import AdmitRequest, SpendStore, redis_client, time_buckets
+from rutster.spend.embedded_redis import EmbeddedRedis
+from rutster.spend.limits import TenantLimits, tightest
+from rutster.spend.store import AdmitRequest, SpendStore, redis_client, time_buckets
 
 TENANT = "racer"
 #: 2025-12-01T12:00:00Z; every call is admitted on that UTC day.

@@ -13,15 +13,15 @@ import pytest
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from spend.embedded_redis import EmbeddedRedis
-from spend.limits import (
+from rutster.spend.embedded_redis import EmbeddedRedis
+from rutster.spend.limits import (
     MAX_MONEY_MICROS,
     GlobalLimits,
     LimitsError,
     TenantLimits,
     tightest,
 )
-from spend.store import (
+from rutster.spend.store import (
     CALLER_WINDOW_MS,
     CAMPAIGN_WINDOW_MS,
     DAY_KEY_TTL_S,

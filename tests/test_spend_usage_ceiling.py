@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from websockets.asyncio.server import ServerConnection
 
-from brains.tap import Hello, TapEncoder, Usage
-from gateway.event_bus import CallEvent, EventValue
-from gateway.metrics import GatewayMetrics
-from spend.embedded_redis import EmbeddedRedis
-from spend.gate import (
+from rutster.brains.tap import Hello, TapEncoder, Usage
+from rutster.gateway.event_bus import CallEvent, EventValue
+from rutster.gateway.metrics import GatewayMetrics
+from rutster.spend.embedded_redis import EmbeddedRedis
+from rutster.spend.gate import (
     DEFAULT_CALL_MAX_COST_MICROS,
     EVENT_USAGE_ANOMALY,
     TICK_MS,
@@ -39,11 +39,12 @@ from spend.gate import (
     GatePolicy,
     SpendGate,
 )
-from spend.journal import SpendJournal
-from spend.limits import TenantLimits
-from spend.meter import DEFAULT_HANGUP_GUARD_MS, End
-from spend.prices import PriceTable
-from spend.store import SpendStore, SpendTotals, redis_client, time_buckets
+from rutster.spend.journal import SpendJournal
+from rutster.spend.limits import TenantLimits
+from rutster.spend.meter import DEFAULT_HANGUP_GUARD_MS, End
+from rutster.spend.prices import PriceTable
+from rutster.spend.store import SpendStore, SpendTotals, redis_client, time_buckets
+from rutster.trunk.twilio.simulator import TwilioSimulator
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     eventually,
@@ -52,7 +53,6 @@ from tests.conftest import (
     serve_gateway,
 )
 from tests.test_gateway_calls import RecordingBrain
-from trunk.twilio.simulator import TwilioSimulator
 
 #: 2025-12-01T12:00:00Z: the store's wall clock in these tests (windows, buckets).
 NOW = 1_764_590_400_000

@@ -23,23 +23,35 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from brains.echo import EchoBrain
-from brains.tap import AudioIn
-from gateway.config import GatewayConfig
-from gateway.launcher import LOOPBACK, free_port
-from gateway.media_socket import (
+from rutster.brains.echo import EchoBrain
+from rutster.brains.tap import AudioIn
+from rutster.gateway.config import GatewayConfig
+from rutster.gateway.launcher import LOOPBACK, free_port
+from rutster.gateway.media_socket import (
     REASON_CALL_ENDED,
     REASON_EXPIRED_TOKEN,
     REASON_TOKEN_REPLAYED,
 )
-from gateway.spend_context import PARAM_SPEND, SpendContext
-from gateway.stream_claims import (
+from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
+from rutster.gateway.stream_claims import (
     CLAIM_CLOCK_SKEW_MARGIN_MS,
     ClaimOutcome,
     StreamClaims,
 )
-from gateway.ws_close import CLOSE_POLICY_VIOLATION
-from spend.store import SpendStore, redis_client
+from rutster.gateway.ws_close import CLOSE_POLICY_VIOLATION
+from rutster.spend.store import SpendStore, redis_client
+from rutster.trunk.sip.wire import Admit, Hello, InviteRequest, WorkerMediaCodec, encode_control
+from rutster.trunk.sip.wire import parse_control as parse_sip_control
+from rutster.trunk.twilio.codec import PARAM_TOKEN
+from rutster.trunk.twilio.routes import PARAM_TAP_URL
+from rutster.trunk.twilio.simulator import (
+    StreamInstructions,
+    TwilioSimulator,
+    connected_message,
+    new_sid,
+    start_message,
+)
+from rutster.trunk.twilio.stream_token import STREAM_TOKEN_LIFETIME_S, StreamTokenSigner
 from tests.conftest import (
     RunningGateway,
     eventually,
@@ -50,18 +62,6 @@ from tests.conftest import (
     unique_prefix,
 )
 from tests.test_gateway_calls import RecordingBrain, received_media, send_speech, simulator
-from trunk.sip.wire import Admit, Hello, InviteRequest, WorkerMediaCodec, encode_control
-from trunk.sip.wire import parse_control as parse_sip_control
-from trunk.twilio.codec import PARAM_TOKEN
-from trunk.twilio.routes import PARAM_TAP_URL
-from trunk.twilio.simulator import (
-    StreamInstructions,
-    TwilioSimulator,
-    connected_message,
-    new_sid,
-    start_message,
-)
-from trunk.twilio.stream_token import STREAM_TOKEN_LIFETIME_S, StreamTokenSigner
 
 CALLER = "+15550001111"
 NUMBER = "+15550002222"
@@ -405,7 +405,7 @@ async def test_without_redis_same_node_replays_are_still_refused(
     try:
         claims = StreamClaims()
         expires_at = int(time.time()) + STREAM_TOKEN_LIFETIME_S
-        with caplog.at_level(logging.WARNING, "gateway.stream_claims"):
+        with caplog.at_level(logging.WARNING, "rutster.gateway.stream_claims"):
             racing = await asyncio.gather(
                 claims.claim(down, "call_1", "a", expires_at),
                 claims.claim(down, "call_1", "a", expires_at),

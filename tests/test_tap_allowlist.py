@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.tap_allowlist import TapUrlAllowlist
+from rutster.gateway.tap_allowlist import TapUrlAllowlist
 
 ECHO = "ws://127.0.0.1:8081/echo"
 

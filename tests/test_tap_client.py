@@ -15,7 +15,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request
 
-from brains.tap import (
+from rutster.brains.tap import (
     MAX_MESSAGE_BYTES,
     AudioIn,
     AudioOut,
@@ -34,11 +34,11 @@ from brains.tap import (
     ToolStatus,
     UnknownTapEvent,
 )
-from gateway.backoff import Backoff
-from gateway.call import monotonic_ms
-from gateway.launcher import LOOPBACK, free_port
-from gateway.metrics import GatewayMetrics
-from gateway.tap_client import (
+from rutster.gateway.backoff import Backoff
+from rutster.gateway.call import monotonic_ms
+from rutster.gateway.launcher import LOOPBACK, free_port
+from rutster.gateway.metrics import GatewayMetrics
+from rutster.gateway.tap_client import (
     OPENING_AUDIO_FRAMES,
     TAP_CLOSE_TIMEOUT_S,
     WARN_LOG_LIMIT,
@@ -443,7 +443,7 @@ async def test_close_does_not_hang_on_a_brain_that_never_closes(
         try:
             await eventually(lambda: h.client.connected, SOON_S)
             started = time.monotonic()
-            with caplog.at_level(logging.INFO, logger="gateway.tap_client"):
+            with caplog.at_level(logging.INFO, logger="rutster.gateway.tap_client"):
                 await asyncio.wait_for(
                     h.client.close(SessionEndReason.CALLER_HANGUP), TAP_CLOSE_TIMEOUT_S + SOON_S
                 )
@@ -497,7 +497,7 @@ async def test_bad_brain_messages_are_dropped_counted_and_rate_limited_in_logs(
         await peer.send(good)
         await peer.read_until_closed()
 
-    caplog.set_level(logging.DEBUG, logger="gateway.tap_client")
+    caplog.set_level(logging.DEBUG, logger="rutster.gateway.tap_client")
     async with ScriptedBrain(script) as brain, running(brain.url) as h:
         await eventually(lambda: len(h.events) == 1, SOON_S)
         assert h.client.connected  # nothing there is a reason to close
@@ -519,7 +519,7 @@ async def test_bad_brain_messages_are_dropped_counted_and_rate_limited_in_logs(
     problems = [
         r
         for r in caplog.records
-        if "dropped a" in r.getMessage() and r.name == "gateway.tap_client"
+        if "dropped a" in r.getMessage() and r.name == "rutster.gateway.tap_client"
     ]
     assert len(problems) == 7
     assert [r.levelno for r in problems].count(logging.WARNING) == WARN_LOG_LIMIT

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from brains.tap import (
+from rutster.brains.tap import (
     AUDIO_IN_BYTES,
     AUDIO_IN_SAMPLES,
     BRAIN_DECLARATIONS,
@@ -55,6 +55,7 @@ from brains.tap import (
     event_direction,
     wire_type,
 )
+from rutster.trunk.events import CallDirection
 from tests.tap_fixtures import (
     InvalidCase,
     LenientCase,
@@ -64,7 +65,6 @@ from tests.tap_fixtures import (
     load_invalid_cases,
     load_lenient_cases,
 )
-from trunk.events import CallDirection
 
 C2B = Direction.CORE_TO_BRAIN
 B2C = Direction.BRAIN_TO_CORE

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from brains.tap import FunctionCall, ToolSpec, ToolStatus, ToolsUpdate
-from brains.tool_catalog import HANGUP_TOOL, TOOL_CATALOG, TRANSFER_TOOL, parse_tool_list
-from gateway.tool_registry import (
+from rutster.brains.tap import FunctionCall, ToolSpec, ToolStatus, ToolsUpdate
+from rutster.brains.tool_catalog import HANGUP_TOOL, TOOL_CATALOG, TRANSFER_TOOL, parse_tool_list
+from rutster.gateway.tool_registry import (
     MAX_CATALOG_TOOLS,
     ToolLimits,
     ToolOutcome,
     ToolRegistry,
     check_schemas_paced,
 )
-from gateway.transfer_allowlist import TransferAllowlist, normalize_destination
+from rutster.gateway.transfer_allowlist import TransferAllowlist, normalize_destination
 
 
 async def _ok(args: dict[str, Any]) -> ToolOutcome:

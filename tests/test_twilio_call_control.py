@@ -14,14 +14,14 @@ import httpx
 import pytest
 from twilio.rest import Client
 
-from tests.twilio_sdk_recorder import RecordingSdkHttpClient
-from trunk.twilio.call_control import (
+from rutster.trunk.twilio.call_control import (
     CallControlError,
     CallUpdate,
     TwilioCallControl,
 )
-from trunk.twilio.fake_rest import FakeTwilioRest
-from trunk.twilio.twiml import transfer_twiml
+from rutster.trunk.twilio.fake_rest import FakeTwilioRest
+from rutster.trunk.twilio.twiml import transfer_twiml
+from tests.twilio_sdk_recorder import RecordingSdkHttpClient
 
 ACCOUNT_SID = "AC" + "0123456789abcdef" * 2
 AUTH_TOKEN = "secret-auth-token-do-not-leak-4242"

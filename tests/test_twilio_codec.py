@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from media.formats import TWILIO_MULAW_8K
-from trunk.events import (
+from rutster.media.formats import TWILIO_MULAW_8K
+from rutster.trunk.events import (
     AudioReceived,
     CallContext,
     CallDirection,
@@ -24,7 +24,7 @@ from trunk.events import (
     StreamStopped,
     UnknownIngressEvent,
 )
-from trunk.twilio.codec import (
+from rutster.trunk.twilio.codec import (
     MAX_EVENT_NAME_CHARS,
     MAX_MEDIA_PAYLOAD_BYTES,
     MAX_MESSAGE_CHARS,

@@ -26,12 +26,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 from twilio.rest import Client
 
-from brains.echo import EchoBrain
-from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
-from tests.twilio_sdk_recorder import RecordingSdkHttpClient
-from trunk.call_control import CallControlFailure
-from trunk.events import CallDirection
-from trunk.twilio.call_control import (
+from rutster.brains.echo import EchoBrain
+from rutster.trunk.call_control import CallControlFailure
+from rutster.trunk.events import CallDirection
+from rutster.trunk.twilio.call_control import (
     CALL_SID_PATTERN,
     STATUS_CALLBACK_EVENTS,
     CallControlError,
@@ -39,21 +37,23 @@ from trunk.twilio.call_control import (
     CreatedCall,
     TwilioCallControl,
 )
-from trunk.twilio.fake_rest import (
+from rutster.trunk.twilio.fake_rest import (
     FAKE_SERVER_HEADER,
     CalleeBehaviour,
     CalleeOutcome,
     CreatedFakeCall,
     FakeTwilioRest,
 )
-from trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
-from trunk.twilio.simulator import SimulatedCallee, TwilioSimulator, best_lag_correlation
-from trunk.twilio.twiml import (
+from rutster.trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
+from rutster.trunk.twilio.simulator import SimulatedCallee, TwilioSimulator, best_lag_correlation
+from rutster.trunk.twilio.twiml import (
     MAX_INLINE_TWIML_CHARS,
     reject_twiml,
     say_hangup_twiml,
     transfer_twiml,
 )
+from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
+from tests.twilio_sdk_recorder import RecordingSdkHttpClient
 
 ACCOUNT_SID = "AC" + "5a" * 16
 AUTH_TOKEN = TEST_AUTH_TOKEN  # the gateway in the end-to-end test checks signatures with it

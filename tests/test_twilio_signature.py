@@ -11,7 +11,7 @@ import pytest
 from starlette.datastructures import ImmutableMultiDict
 from twilio.request_validator import RequestValidator
 
-from trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
+from rutster.trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
 
 TOKEN = "12345"
 FORM_URL = "https://gw.example.com/twilio/voice"

@@ -8,9 +8,9 @@ import hmac
 
 import pytest
 
-from gateway.spend_settings import MEDIA_CONNECT_TIMEOUT_S
-from trunk.sip.gateway_routes import SIP_RING_TIMEOUT_S
-from trunk.twilio.stream_token import (
+from rutster.gateway.spend_settings import MEDIA_CONNECT_TIMEOUT_S
+from rutster.trunk.sip.gateway_routes import SIP_RING_TIMEOUT_S
+from rutster.trunk.twilio.stream_token import (
     MIN_SECRET_BYTES,
     PARAM_TOKEN,
     STREAM_TOKEN_LIFETIME_S,

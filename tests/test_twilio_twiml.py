@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from twilio.twiml.voice_response import Connect, VoiceResponse
 
-from trunk.twilio.twiml import (
+from rutster.trunk.twilio.twiml import (
     MAX_INLINE_TWIML_CHARS,
     MAX_SAY_CHARS,
     XML_DECLARATION,

@@ -24,8 +24,10 @@ from typing import Any
 
 import httpx
 
-from brains.echo import EchoBrain
-from spend.money import parse_money
+from rutster.brains.echo import EchoBrain
+from rutster.spend.money import parse_money
+from rutster.trunk.twilio.fake_rest import CalleeOutcome, FakeTwilioRest
+from rutster.trunk.twilio.simulator import SimulatedCallee
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     eventually,
@@ -33,8 +35,6 @@ from tests.conftest import (
     serve_gateway,
     tenant_key,
 )
-from trunk.twilio.fake_rest import CalleeOutcome, FakeTwilioRest
-from trunk.twilio.simulator import SimulatedCallee
 
 ACCOUNT_SID = "AC" + "3c" * 16
 CALLER_ID = "+15550003333"

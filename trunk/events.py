@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from media.formats import MediaFormat
+from rutster.media.formats import MediaFormat
 
 
 class CallDirection(StrEnum):

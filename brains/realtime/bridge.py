@@ -29,16 +29,16 @@ from typing import Any
 from openai import AsyncOpenAI, OpenAIError
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from brains.realtime.config import RealtimeBrainConfig
-from brains.realtime.translator import (
+from rutster.brains.realtime.config import RealtimeBrainConfig
+from rutster.brains.realtime.translator import (
     AUTH_ERROR_CODES,
     ERROR_AUTH_FAILED,
     ERROR_UPSTREAM_DISCONNECT,
     Actions,
     RealtimeTranslator,
 )
-from brains.tap import AudioIn, BrainError, BrainEvent, CoreEvent
-from gateway.backoff import Backoff
+from rutster.brains.tap import AudioIn, BrainError, BrainEvent, CoreEvent
+from rutster.gateway.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

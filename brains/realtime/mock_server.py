@@ -78,12 +78,12 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from brains.bind import ws_url
-from brains.marker_tone import MarkerToneDetector
-from brains.realtime.mock_voice import MAX_REPLY_MS, load_reply_wav, synthesize_reply
-from media.formats import CANONICAL_SAMPLE_RATE
-from media.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from media.resample import StreamResampler
+from rutster.brains.bind import ws_url
+from rutster.brains.marker_tone import MarkerToneDetector
+from rutster.brains.realtime.mock_voice import MAX_REPLY_MS, load_reply_wav, synthesize_reply
+from rutster.media.formats import CANONICAL_SAMPLE_RATE
+from rutster.media.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from rutster.media.resample import StreamResampler
 
 __all__ = [
     "DEFAULT_MARKER_TOOL",

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from media.formats import CANONICAL_SAMPLE_RATE, SAMPLE_WIDTH
+from rutster.media.formats import CANONICAL_SAMPLE_RATE, SAMPLE_WIDTH
 
 __all__ = [
     "MAX_REPLY_MS",

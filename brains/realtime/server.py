@@ -25,11 +25,11 @@ from openai import AsyncOpenAI
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from brains.echo import LOG_FORMAT, _package_version
-from brains.realtime.bridge import RESUME_GRACE_S, AuthFailureLatch, RealtimeBridge
-from brains.realtime.config import REALTIME_PATH, RealtimeBrainConfig
-from brains.realtime.log_redaction import install_redaction
-from brains.tap import (
+from rutster.brains.echo import LOG_FORMAT, _package_version
+from rutster.brains.realtime.bridge import RESUME_GRACE_S, AuthFailureLatch, RealtimeBridge
+from rutster.brains.realtime.config import REALTIME_PATH, RealtimeBrainConfig
+from rutster.brains.realtime.log_redaction import install_redaction
+from rutster.brains.tap import (
     BrainEvent,
     BrainHello,
     Bye,
@@ -44,7 +44,7 @@ from brains.tap import (
     UnknownTapEvent,
     wire_type,
 )
-from brains.tap_server import TapListener
+from rutster.brains.tap_server import TapListener
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ async def _serve_until_signalled(config: RealtimeBrainConfig, mock_reply_ms: int
                 config.websocket_base_url,
             )
         elif config.mock:
-            from brains.realtime.mock_server import MockRealtimeServer
+            from rutster.brains.realtime.mock_server import MockRealtimeServer
 
             mock = (
                 MockRealtimeServer()

@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from brains.realtime.config import RealtimeBrainConfig
-from brains.tap import (
+from rutster.brains.realtime.config import RealtimeBrainConfig
+from rutster.brains.tap import (
     MAX_AUDIO_OUT_SAMPLES,
     AdvisorySpeechStarted,
     AdvisorySpeechStopped,
@@ -51,7 +51,7 @@ from brains.tap import (
     SpeechStopped,
     Usage,
 )
-from media.formats import CANONICAL_SAMPLE_RATE, SAMPLE_WIDTH
+from rutster.media.formats import CANONICAL_SAMPLE_RATE, SAMPLE_WIDTH
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.errors import error_response, method_not_allowed
+from rutster.gateway.api.errors import error_response, method_not_allowed
 
 Handler = Callable[[Request], Awaitable[Response]]
 

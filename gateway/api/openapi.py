@@ -11,7 +11,7 @@ import copy
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from gateway.api.schemas import (
+from rutster.gateway.api.schemas import (
     CALL_ID_PATTERN,
     CALLS_QUERY_SCHEMA,
     JSON_SCHEMA_DIALECT,
@@ -22,7 +22,7 @@ from gateway.api.schemas import (
     TENANT_ID_PATTERN,
     Schema,
 )
-from gateway.api.validation import MAX_BODY_BYTES
+from rutster.gateway.api.validation import MAX_BODY_BYTES
 
 #: OpenAPI version of the document (3.1: schemas are plain JSON Schema 2020-12).
 OPENAPI_VERSION = "3.1.0"

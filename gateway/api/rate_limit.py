@@ -19,7 +19,7 @@ from importlib import resources
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from spend.store import StoreUnavailable
+from rutster.spend.store import StoreUnavailable
 
 #: Default sustained rate per key: 20 requests/s. Seed decision: a dashboard polls
 #: a few endpoints per second, a dialer places far fewer calls than that.
@@ -71,7 +71,11 @@ class RateDecision:
 @functools.cache
 def rate_limit_lua() -> str:
     """The GCRA script (``gateway/api/rate_limit.lua``, shipped as package data)."""
-    return resources.files("gateway.api").joinpath("rate_limit.lua").read_text(encoding="utf-8")
+    return (
+        resources.files("rutster.gateway.api")
+        .joinpath("rate_limit.lua")
+        .read_text(encoding="utf-8")
+    )
 
 
 class RateLimiter:

@@ -25,16 +25,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
-from brains.tap import SessionEndReason
-from gateway.api.api_keys import (
+from rutster.brains.tap import SessionEndReason
+from rutster.gateway.api.api_keys import (
     ADMIN_ENV_KEY_ID,
     ROLE_ADMIN,
     KeyStoreUnavailable,
     Principal,
     parse_bearer,
 )
-from gateway.api.dispatch import allow_header, resource
-from gateway.api.errors import (
+from rutster.gateway.api.dispatch import allow_header, resource
+from rutster.gateway.api.errors import (
     ApiError,
     conflict,
     error_response,
@@ -48,16 +48,16 @@ from gateway.api.errors import (
     unauthorized,
     unavailable,
 )
-from gateway.api.openapi import build_openapi
-from gateway.api.rate_limit import RateLimiterUnavailable
-from gateway.api.schemas import (
+from rutster.gateway.api.openapi import build_openapi
+from rutster.gateway.api.rate_limit import RateLimiterUnavailable
+from rutster.gateway.api.schemas import (
     CALL_ID_PATTERN,
     CREATE_KEY_SCHEMA,
     KILL_SWITCH_SCHEMA,
     TENANT_ID_PATTERN,
     TENANT_LIMITS_SCHEMA,
 )
-from gateway.api.validation import (
+from rutster.gateway.api.validation import (
     MAX_BODY_BYTES,
     check_path_param,
     parse_calls_query,
@@ -67,17 +67,17 @@ from gateway.api.validation import (
     read_body,
     require_json_content_type,
 )
-from gateway.config import public_http_url
-from gateway.media_session import release_if_never_connected
-from gateway.spend_context import SpendContext
-from gateway.state import GatewayState
-from spend.gate import Admission, AdmissionRequest, new_call_id, wall_ms
-from spend.limits import LimitsError, TenantLimits
-from spend.money import format_money, parse_money
-from spend.store import CallRecord, SpendTotals, StoreUnavailable, time_buckets
-from trunk.call_control import CallControlFailure
-from trunk.sip.gateway_routes import cancel_sip_dial, dial_sip_call
-from trunk.twilio.call_control import TwilioCallControl
+from rutster.gateway.config import public_http_url
+from rutster.gateway.media_session import release_if_never_connected
+from rutster.gateway.spend_context import SpendContext
+from rutster.gateway.state import GatewayState
+from rutster.spend.gate import Admission, AdmissionRequest, new_call_id, wall_ms
+from rutster.spend.limits import LimitsError, TenantLimits
+from rutster.spend.money import format_money, parse_money
+from rutster.spend.store import CallRecord, SpendTotals, StoreUnavailable, time_buckets
+from rutster.trunk.call_control import CallControlFailure
+from rutster.trunk.sip.gateway_routes import cancel_sip_dial, dial_sip_call
+from rutster.trunk.twilio.call_control import TwilioCallControl
 
 log = logging.getLogger(__name__)
 

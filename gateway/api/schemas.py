@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.api.errors import ERROR_CODES
+from rutster.gateway.api.errors import ERROR_CODES
 
 Schema = dict[str, Any]
 

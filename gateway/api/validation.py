@@ -27,12 +27,12 @@ from jsonschema.exceptions import ValidationError, best_match
 from jsonschema.protocols import Validator
 from starlette.requests import ClientDisconnect, Request
 
-from gateway.api.errors import (
+from rutster.gateway.api.errors import (
     invalid_request,
     payload_too_large,
     unsupported_media_type,
 )
-from gateway.api.schemas import (
+from rutster.gateway.api.schemas import (
     CALLS_QUERY_SCHEMA,
     CREATE_CALL_SCHEMA,
     MAX_METADATA_JSON_BYTES,

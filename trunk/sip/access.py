@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
-from trunk.sip.digest import DigestAuthenticator
+from rutster.trunk.sip.digest import DigestAuthenticator
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

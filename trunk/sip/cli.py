@@ -7,8 +7,8 @@ import asyncio
 import logging
 import sys
 
-from gateway.env_values import ConfigError
-from gateway.log_format import setup_logging
+from rutster.gateway.env_values import ConfigError
+from rutster.gateway.log_format import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +25,8 @@ def _setup_logging(level: str) -> None:
 
 def cmd_sip_worker(args: argparse.Namespace) -> int:
     """Run one SIP worker (pjsua2 UA + bridge to the gateway) until SIGTERM."""
-    from trunk.sip.worker import run_sip_worker
-    from trunk.sip.worker_config import SipWorkerSettings
+    from rutster.trunk.sip.worker import run_sip_worker
+    from rutster.trunk.sip.worker_config import SipWorkerSettings
 
     _setup_logging(args.log_level)
     try:
@@ -43,7 +43,7 @@ def sip_worker_argv(port: int, log_level: str = "info") -> list[str]:
     return [
         sys.executable,
         "-m",
-        "gateway.cli",
+        "rutster.gateway.cli",
         "sip-worker",
         "--sip-port",
         str(port),
@@ -55,8 +55,8 @@ def sip_worker_argv(port: int, log_level: str = "info") -> list[str]:
 
 def cmd_sip_pool(args: argparse.Namespace) -> int:
     """Run N SIP workers on consecutive ports and restart any that dies."""
-    from trunk.sip.pool import PoolConfigError, SipWorkerPool
-    from trunk.sip.worker_config import SipWorkerSettings
+    from rutster.trunk.sip.pool import PoolConfigError, SipWorkerPool
+    from rutster.trunk.sip.worker_config import SipWorkerSettings
 
     _setup_logging(args.log_level)
     try:
@@ -75,7 +75,7 @@ def cmd_sip_pool(args: argparse.Namespace) -> int:
 
 def cmd_sip_load(args: argparse.Namespace) -> int:
     """Place SIP load on ``--target`` URIs, or on a whole local stack started for the run."""
-    from trunk.sip.load_stack import sip_load_main
+    from rutster.trunk.sip.load_stack import sip_load_main
 
     _setup_logging(args.log_level)
     return sip_load_main(args)

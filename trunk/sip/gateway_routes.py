@@ -25,23 +25,23 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket
 
-from brains.tap import SessionEndReason
-from gateway.call import Call
-from gateway.media_session import StreamEnded, release_if_never_connected, run_metered_call
-from gateway.media_socket import (
+from rutster.brains.tap import SessionEndReason
+from rutster.gateway.call import Call
+from rutster.gateway.media_session import StreamEnded, release_if_never_connected, run_metered_call
+from rutster.gateway.media_socket import (
     await_start,
     read_event,
     refuse,
     trusted_context,
 )
-from gateway.spend_context import SpendContext
-from gateway.state import GatewayState
-from gateway.ws_close import CLOSE_POLICY_VIOLATION
-from spend.gate import AdmissionRequest
-from trunk.events import (
+from rutster.gateway.spend_context import SpendContext
+from rutster.gateway.state import GatewayState
+from rutster.gateway.ws_close import CLOSE_POLICY_VIOLATION
+from rutster.spend.gate import AdmissionRequest
+from rutster.trunk.events import (
     IngressEvent,
 )
-from trunk.sip.wire import (
+from rutster.trunk.sip.wire import (
     PARAM_SPEND,
     PARAM_TAP_URL,
     PARAM_TOKEN,
@@ -59,8 +59,8 @@ from trunk.sip.wire import (
     encode_control,
     parse_control,
 )
-from trunk.sip.worker_links import CONTROL_RESULT_TIMEOUT_S, SipEdge, SipWorkerLink
-from trunk.twilio.stream_token import StreamTokenSigner
+from rutster.trunk.sip.worker_links import CONTROL_RESULT_TIMEOUT_S, SipEdge, SipWorkerLink
+from rutster.trunk.twilio.stream_token import StreamTokenSigner
 
 log = logging.getLogger(__name__)
 

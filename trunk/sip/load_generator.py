@@ -30,14 +30,15 @@ import numpy as np
 import psutil
 import soxr
 
-from trunk.sip.peer import (
+from rutster.media.demo_audio import CALLER_SPEECH_8K
+from rutster.trunk.sip.peer import (
     FRAME_BYTES,
     MAX_CALLS_PER_PROCESS,
     SAMPLE_RATE,
     CallHandle,
     SipPeerProcess,
 )
-from trunk.twilio.simulator import REPLY_RMS_THRESHOLD, best_lag_correlation
+from rutster.trunk.twilio.simulator import REPLY_RMS_THRESHOLD, best_lag_correlation
 
 __all__ = [
     "DEFAULT_SPEECH_PATH",
@@ -61,10 +62,8 @@ GOAL_FAILED_CALLS = 0
 DEFAULT_CALLS = 40
 DEFAULT_CPS = 5.0
 DEFAULT_DURATION_S = 60.0
-#: Real recorded speech (tests/fixtures/audio/README.md has the attribution).
-DEFAULT_SPEECH_PATH = (
-    Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "audio" / "caller_speech_8k.wav"
-)
+#: Real recorded speech shipped with the package (media/demo_audio/README.md).
+DEFAULT_SPEECH_PATH = CALLER_SPEECH_8K
 #: Longest echo delay the correlation searches for: the echo brain's path (worker -> gateway ->
 #: brain -> back, with jitter buffers and pacing) measured well under a second in the Twilio
 #: e2e tests; 2 s leaves room on a loaded box without matching a later sentence by accident.

@@ -33,10 +33,16 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.launcher import LOOPBACK, Service, echo_brain_process, free_port, gateway_process
-from media.vad import DEFAULT_DETECTOR, DETECTOR_NAMES
-from trunk.sip.cli import sip_worker_argv
-from trunk.sip.load_generator import (
+from rutster.gateway.launcher import (
+    LOOPBACK,
+    Service,
+    echo_brain_process,
+    free_port,
+    gateway_process,
+)
+from rutster.media.vad import DEFAULT_DETECTOR, DETECTOR_NAMES
+from rutster.trunk.sip.cli import sip_worker_argv
+from rutster.trunk.sip.load_generator import (
     DEFAULT_CALLS,
     DEFAULT_CPS,
     DEFAULT_DURATION_S,
@@ -45,9 +51,9 @@ from trunk.sip.load_generator import (
     format_report,
     run_load,
 )
-from trunk.sip.load_generator import main as generator_main
-from trunk.sip.pool import MAX_WORKERS, PoolConfigError, SipWorkerPool
-from trunk.sip.worker import WORKER_CAPACITY
+from rutster.trunk.sip.load_generator import main as generator_main
+from rutster.trunk.sip.pool import MAX_WORKERS, PoolConfigError, SipWorkerPool
+from rutster.trunk.sip.worker import WORKER_CAPACITY
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
 
-from trunk.sip.pj_banner import lib_create_quietly
+from rutster.trunk.sip.pj_banner import lib_create_quietly
 
 __all__ = [
     "DEFAULT_ANSWER_TIMEOUT_S",

@@ -31,10 +31,10 @@ from typing import Any, Literal, TypeVar
 
 import pjsua2 as pj  # type: ignore[import-untyped]  # SWIG module without stubs
 
-from trunk.sip.leg_playout import DEFAULT_FRAME_BYTES, LegPlayout
-from trunk.sip.non_digest_credentials import strip_non_digest_credentials
-from trunk.sip.pj_banner import lib_create_quietly
-from trunk.sip.pj_dropped_packets import DroppedPacketHook
+from rutster.trunk.sip.leg_playout import DEFAULT_FRAME_BYTES, LegPlayout
+from rutster.trunk.sip.non_digest_credentials import strip_non_digest_credentials
+from rutster.trunk.sip.pj_banner import lib_create_quietly
+from rutster.trunk.sip.pj_dropped_packets import DroppedPacketHook
 
 __all__ = [
     "DEFAULT_CODECS",

@@ -37,8 +37,8 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 from jsonschema.protocols import Validator
 
-from media.formats import Encoding, MediaFormat
-from trunk.events import (
+from rutster.media.formats import Encoding, MediaFormat
+from rutster.trunk.events import (
     AudioReceived,
     CallContext,
     CallDirection,

@@ -32,12 +32,17 @@ from typing import Any, Literal, cast
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from gateway.backoff import Backoff
-from trunk.events import ClearPlayback, PlaceMark, PlayAudio, UnknownIngressEvent
-from trunk.sip.access import AccessAction, SipAccessPolicy, SipAccessSettings, allowed_networks
-from trunk.sip.digest import DigestAuthenticator
-from trunk.sip.source_filter import SourceFilter
-from trunk.sip.ua import (
+from rutster.gateway.backoff import Backoff
+from rutster.trunk.events import ClearPlayback, PlaceMark, PlayAudio, UnknownIngressEvent
+from rutster.trunk.sip.access import (
+    AccessAction,
+    SipAccessPolicy,
+    SipAccessSettings,
+    allowed_networks,
+)
+from rutster.trunk.sip.digest import DigestAuthenticator
+from rutster.trunk.sip.source_filter import SourceFilter
+from rutster.trunk.sip.ua import (
     InviteArrived,
     InviteInfo,
     InviteRefusal,
@@ -54,7 +59,7 @@ from trunk.sip.ua import (
     SipUserAgent,
     UaSettings,
 )
-from trunk.sip.wire import (
+from rutster.trunk.sip.wire import (
     Admit,
     CancelDial,
     Dial,
@@ -71,8 +76,8 @@ from trunk.sip.wire import (
     encode_control,
     parse_control,
 )
-from trunk.sip.worker_config import SipWorkerSettings
-from trunk.sip.worker_metrics import SipWorkerMetrics
+from rutster.trunk.sip.worker_config import SipWorkerSettings
+from rutster.trunk.sip.worker_metrics import SipWorkerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from gateway.ws_close import CLOSE_NORMAL, MAX_CLOSE_REASON_CHARS
-from trunk.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRING, CallControlFailure
-from trunk.events import IngressCommand
-from trunk.sip.wire import ControlResult, HangUpLeg, SipMediaCodec, TransferLeg, WireError
+from rutster.gateway.ws_close import CLOSE_NORMAL, MAX_CLOSE_REASON_CHARS
+from rutster.trunk.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRING, CallControlFailure
+from rutster.trunk.events import IngressCommand
+from rutster.trunk.sip.wire import ControlResult, HangUpLeg, SipMediaCodec, TransferLeg, WireError
 
 #: Time the worker gets to report a BYE/REFER outcome: a SIP transaction over UDP
 #: gives up after 64*T1 = 32 s (RFC 3261 §17.1.2.2); the tool waits far less and the

@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from trunk.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRING, CallControlFailure
-from trunk.twilio.twiml import (
+from rutster.trunk.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRING, CallControlFailure
+from rutster.trunk.twilio.twiml import (
     E164_PATTERN,
     MAX_INLINE_TWIML_CHARS,
     parse_transfer_destination,

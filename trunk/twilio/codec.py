@@ -22,8 +22,8 @@ import binascii
 import json
 from typing import Any, assert_never
 
-from media.formats import TWILIO_MULAW_8K
-from trunk.events import (
+from rutster.media.formats import TWILIO_MULAW_8K
+from rutster.trunk.events import (
     AudioReceived,
     CallContext,
     CallDirection,
@@ -40,7 +40,7 @@ from trunk.events import (
     StreamStopped,
     UnknownIngressEvent,
 )
-from trunk.twilio.stream_token import PARAM_TOKEN
+from rutster.trunk.twilio.stream_token import PARAM_TOKEN
 
 __all__ = [
     "DTMF_DIGITS",

@@ -58,7 +58,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
+from rutster.trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
 
 logger = logging.getLogger(__name__)
 

@@ -23,32 +23,32 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from gateway.media_session import StreamEnded, release_if_never_connected, run_metered_call
-from gateway.media_socket import (
+from rutster.gateway.media_session import StreamEnded, release_if_never_connected, run_metered_call
+from rutster.gateway.media_socket import (
     await_start,
     read_event,
     refuse,
     trusted_context,
 )
-from gateway.spend_context import PARAM_SPEND, SpendContext
-from gateway.state import GatewayState
-from gateway.ws_close import CLOSE_NORMAL, CLOSE_POLICY_VIOLATION, MAX_CLOSE_REASON_CHARS
-from spend.gate import AdmissionRequest
-from spend.store import StoreUnavailable
-from trunk.events import (
+from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
+from rutster.gateway.state import GatewayState
+from rutster.gateway.ws_close import CLOSE_NORMAL, CLOSE_POLICY_VIOLATION, MAX_CLOSE_REASON_CHARS
+from rutster.spend.gate import AdmissionRequest
+from rutster.spend.store import StoreUnavailable
+from rutster.trunk.events import (
     IngressCommand,
     IngressEvent,
 )
-from trunk.twilio.codec import (
+from rutster.trunk.twilio.codec import (
     PARAM_DIRECTION,
     PARAM_FROM,
     PARAM_TO,
     PARAM_TOKEN,
     TwilioStreamCodec,
 )
-from trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
-from trunk.twilio.stream_token import StreamTokenSigner
-from trunk.twilio.twiml import (
+from rutster.trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
+from rutster.trunk.twilio.stream_token import StreamTokenSigner
+from rutster.trunk.twilio.twiml import (
     connect_stream_twiml,
     reject_twiml,
     say_hangup_twiml,

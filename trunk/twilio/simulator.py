@@ -39,11 +39,11 @@ import numpy.typing as npt
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from media.g711 import ulaw_decode, ulaw_encode
-from trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
+from rutster.media.g711 import ulaw_decode, ulaw_encode
+from rutster.trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
 
 if TYPE_CHECKING:
-    from trunk.twilio.fake_rest import CreatedFakeCall
+    from rutster.trunk.twilio.fake_rest import CreatedFakeCall
 
 #: Twilio's caller audio: 20 ms of 8 kHz μ-law per ``media`` message (PROVIDERS.md §1.3).
 SIM_SAMPLE_RATE = 8_000
