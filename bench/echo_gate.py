@@ -79,7 +79,7 @@ FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/audio/caller_
 WIRE_RATE = TWILIO_MULAW_8K.sample_rate
 #: Samples per millisecond on the wire.
 WIRE_PER_MS = WIRE_RATE // 1000
-#: Twilio's 20 ms μ-law chunk (PROVIDERS.md §1.3).
+#: Twilio's 20 ms μ-law chunk (docs/PROVIDERS.md §1.3).
 WIRE_CHUNK = WIRE_RATE * FRAME_MS // 1000
 #: How far ahead of playout the pacer sends (brief: ~60 ms).
 SEND_AHEAD_MS = 60

@@ -46,7 +46,7 @@ OUTBOUND_GOAL_US = 15.0
 DEFAULT_RUNS = 7
 #: Passes over the 30 s fixture per run: 4 x 1500 frames keeps a run near 100 ms.
 DEFAULT_PASSES = 4
-#: Twilio's 20 ms μ-law chunk: 160 bytes at 8 kHz (PROVIDERS.md §1.3).
+#: Twilio's 20 ms μ-law chunk: 160 bytes at 8 kHz (docs/PROVIDERS.md §1.3).
 TWILIO_CHUNK_BYTES = 160
 T = TypeVar("T")
 STREAM_SID = "MZ00000000000000000000000000000000"

@@ -57,7 +57,7 @@ ECHO_INTERRUPTIBLE = False
 #: deciding turns (TAP_PROTOCOL.md; the default, declared explicitly).
 ECHO_TURNS = TurnOwner.CORE
 #: Default host: loopback only, since a brain sits outside the trust boundary
-#: (ARCHITECTURE.md) and must be exposed on purpose (seed decision).
+#: (docs/ARCHITECTURE.md) and must be exposed on purpose (seed decision).
 DEFAULT_ECHO_HOST = "127.0.0.1"
 #: Default port (seed decision: the gateway's default echo tap URL uses it).
 DEFAULT_ECHO_PORT = 8081

@@ -54,7 +54,7 @@ DTMF_DIGITS = frozenset("0123456789*#ABCD")
 #: Tool names: OpenAI's function-name rule (``^[a-zA-Z0-9_-]{1,64}$``), so a
 #: catalog is valid for the realtime brain and safe as a metrics label.
 TOOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
-#: ``hello.audio`` values fixed by v1 (canonical audio, ARCHITECTURE.md).
+#: ``hello.audio`` values fixed by v1 (canonical audio, docs/ARCHITECTURE.md).
 AUDIO_FORMAT_PCM_S16LE = "pcm_s16le"
 AUDIO_CHANNELS = 1
 

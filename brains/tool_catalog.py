@@ -1,9 +1,9 @@
 """The tools a brain may offer its model, with the JSON Schemas the core validates against.
 
-The brain proposes, the core disposes (ARCHITECTURE.md): a brain advertises
+The brain proposes, the core disposes (docs/ARCHITECTURE.md): a brain advertises
 these in ``tools.update`` and the gateway's tool registry checks every
 ``function_call`` against the latest catalog and its own implementations. The
-names here are the ones the gateway implements (``gateway/tools.py``); a brain
+names here are the ones the gateway implements (``gateway/tool_registry.py``); a brain
 in another language copies them from ``docs/TAP_PROTOCOL.md``.
 """
 

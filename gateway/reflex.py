@@ -1,7 +1,7 @@
 """The reflex loop: who has the floor, frame by frame (sans-I/O; time passed in).
 
 The gateway decides turns, not the brain and not the provider
-(ARCHITECTURE.md, doctrine 1). :class:`ReflexLoop` takes every 20 ms caller
+(docs/ARCHITECTURE.md, doctrine 1). :class:`ReflexLoop` takes every 20 ms caller
 frame and every frame sent to the caller, and returns what the glue must do:
 tell the brain a turn started or ended, clear the provider's queue, wake the
 pacer. It reaches directly into the sans-I/O playout objects it is given (the

@@ -1,6 +1,6 @@
 """The core's side of the tap protocol: one reconnecting WebSocket client per call.
 
-The core dials the brain (ARCHITECTURE.md doctrine 3). This module owns the
+The core dials the brain (docs/ARCHITECTURE.md doctrine 3). This module owns the
 connection's life: dial, ``hello`` (``resume: true`` after a loss), read brain
 events, and reconnect with bounded backoff while the call stays up. Sending
 never blocks the caller's media path: when the brain is down or not reading,

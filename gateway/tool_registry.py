@@ -1,4 +1,4 @@
-"""The in-core tool registry: the brain proposes, the core disposes (ARCHITECTURE.md).
+"""The in-core tool registry: the brain proposes, the core disposes (docs/ARCHITECTURE.md).
 
 Every ``function_call`` from a brain comes here. It is answered exactly once,
 with one of the tap statuses:

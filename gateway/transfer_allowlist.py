@@ -1,6 +1,6 @@
 """Where the ``transfer`` tool may send a caller (``RUTSTER_TRANSFER_ALLOWLIST``).
 
-A brain is outside the trust boundary (ARCHITECTURE.md): a prompt-injected
+A brain is outside the trust boundary (docs/ARCHITECTURE.md): a prompt-injected
 model must not be able to forward callers to a premium-rate number. Only
 destinations the operator lists are allowed; an empty list allows none.
 

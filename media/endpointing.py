@@ -1,6 +1,6 @@
 """Energy endpointer: when the caller starts a turn and when the turn is over.
 
-The gateway owns turn-taking (ARCHITECTURE.md, doctrine 1): it tells the
+The gateway owns turn-taking (docs/ARCHITECTURE.md, doctrine 1): it tells the
 brain ``speech_started`` when the caller starts talking and
 ``speech_stopped`` when the caller has finished, and the brain then answers.
 :class:`EnergyEndpointer` makes those two decisions from the narrowband

@@ -1,6 +1,6 @@
 """Canonical audio format and the media formats calls arrive in.
 
-The canonical format is fixed by the architecture doctrine (ARCHITECTURE.md,
+The canonical format is fixed by the architecture doctrine (docs/ARCHITECTURE.md,
 "Canonical audio") and by the tap protocol v1: PCM signed 16-bit little-endian,
 mono, 24 kHz, 20 ms frames of 480 samples. The *narrowband* frame (8 kHz, 160
 samples) is what the reflex loop hears of each direction, taken on the wire side
@@ -60,7 +60,7 @@ class MediaFormat:
         return samples * 1000.0 / self.sample_rate
 
 
-#: Twilio Media Streams: always μ-law 8 kHz mono (PROVIDERS.md §1.3).
+#: Twilio Media Streams: always μ-law 8 kHz mono (docs/PROVIDERS.md §1.3).
 TWILIO_MULAW_8K = MediaFormat(Encoding.MULAW, 8_000)
 
 

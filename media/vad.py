@@ -1,6 +1,6 @@
 """Voice-activity detectors: a speech probability for every narrowband caller frame.
 
-The reflex loop (turn-taking, barge-in; ARCHITECTURE.md, doctrine 1) asks,
+The reflex loop (turn-taking, barge-in; docs/ARCHITECTURE.md, doctrine 1) asks,
 for each 20 ms narrowband frame (160 samples of PCM16 s16le mono at 8 kHz,
 the caller's audio as it came off the wire: :mod:`media.narrowband`), how
 likely it is that the caller is speaking. A :class:`SpeechDetector`

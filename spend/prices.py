@@ -218,7 +218,7 @@ class BrainRates:
 
 @dataclass(frozen=True, slots=True)
 class TokenTotals:
-    """Token counts of a call or of one usage report (cached ⊆ input, PROVIDERS.md §5.5)."""
+    """Token counts of a call or of one usage report (cached ⊆ input, docs/PROVIDERS.md §5.5)."""
 
     input_audio: int = 0
     input_text: int = 0
@@ -291,7 +291,7 @@ class TokenTotals:
     def with_cached_within_input(self) -> TokenTotals:
         """This report with ``input_text`` raised so that cached ⊆ input holds.
 
-        Cached tokens are a subset of the input (PROVIDERS.md §5.5), so a report
+        Cached tokens are a subset of the input (docs/PROVIDERS.md §5.5), so a report
         of more cached than input tokens means at least that much input; the
         excess is read as cached text (billed at the cached rate, nothing more).
         """

@@ -32,7 +32,7 @@ from rutster.gateway.api.schemas import (
 )
 from rutster.gateway.api.validation import ecma_regex, parse_json_body
 
-#: The endpoints of design.md, with the request schema each one validates with.
+#: The endpoints of docs/SPEND.md ("The REST API"), with the request schema each one validates with.
 ENDPOINTS: dict[tuple[str, str], Schema | None] = {
     ("/v1/calls", "post"): CREATE_CALL_SCHEMA,
     ("/v1/calls", "get"): None,

@@ -203,7 +203,7 @@ async def rig(chromium_browser: Browser) -> AsyncIterator[DashboardRig]:  # noqa
 
 
 # ---------------------------------------------------------------------------------------------
-# Snapshot builders (shapes from design.md, section Dashboard)
+# Snapshot builders (shapes from docs/SPEND.md, "The dashboard")
 
 
 def hours(spent: Callable[[int], str]) -> list[dict[str, str]]:

@@ -1,4 +1,4 @@
-"""Twilio Media Streams codec: message shapes of PROVIDERS.md §1.3-1.4 and the state machine."""
+"""Twilio Media Streams codec: docs/PROVIDERS.md §1.3-1.4 message shapes, the state machine."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ FORM_PARAMS = {
     "From": "+15551230000",
     "To": "+15559870000",
 }
-FORM_SIGNATURE = "UdNBFt/wHn8utvfcJrAUQIuvWS4="  # PROVIDERS.md §8
+FORM_SIGNATURE = "UdNBFt/wHn8utvfcJrAUQIuvWS4="  # docs/PROVIDERS.md §8
 WSS_URL = "wss://gw.example.com/twilio/media"
-WSS_SIGNATURE = "xOtUNom2O6Ixz0xt8ODDv8MkQUY="  # PROVIDERS.md §8
+WSS_SIGNATURE = "xOtUNom2O6Ixz0xt8ODDv8MkQUY="  # docs/PROVIDERS.md §8
 
 SEED = 20260821
 CASES = 300

@@ -19,11 +19,12 @@ from rutster.brains.tool_catalog import parse_tool_list
 from rutster.gateway.env_values import ConfigError, read_secret
 
 #: Default model: the GA ``gpt-realtime`` alias, the first model in the SDK's GA
-#: literal list (PROVIDERS.md §5.1); a dated snapshot pins behaviour if wanted.
+#: literal list (docs/PROVIDERS.md §5.1); a dated snapshot pins behaviour if wanted.
 DEFAULT_MODEL = "gpt-realtime"
-#: Default voice: OpenAI recommends ``marin`` and ``cedar`` for the GA models (PROVIDERS.md §5.2).
+#: Default voice: OpenAI recommends ``marin`` and ``cedar`` for the GA models
+#: (docs/PROVIDERS.md §5.2).
 DEFAULT_VOICE = "marin"
-#: Built-in voices of the GA API (PROVIDERS.md §5.2); custom voices are ``voice_…`` ids.
+#: Built-in voices of the GA API (docs/PROVIDERS.md §5.2); custom voices are ``voice_…`` ids.
 KNOWN_VOICES = frozenset(
     {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar"}
 )

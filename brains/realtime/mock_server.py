@@ -1,6 +1,6 @@
 """A MOCK OpenAI Realtime (GA) server for offline development and tests. It is not OpenAI.
 
-It speaks the GA WebSocket event protocol (PROVIDERS.md §5) closely enough
+It speaks the GA WebSocket event protocol (docs/PROVIDERS.md §5) closely enough
 that the official ``openai`` SDK client (``AsyncOpenAI(websocket_base_url=...)
 .realtime.connect(model=...)``) talks to it unchanged, and every event it sends
 parses into the SDK's typed model. Nothing here understands speech:
@@ -122,7 +122,7 @@ DEFAULT_REPLY_MS = 2_500
 #: deltas vary in size).
 DELTA_MS = 100
 #: Default send speed as a multiple of real time: the real service generates
-#: audio faster than it plays and bursts it (PROVIDERS.md §5.4 barge-in recipe;
+#: audio faster than it plays and bursts it (docs/PROVIDERS.md §5.4 barge-in recipe;
 #: openai-agents-python#4122). 4x keeps tests short while still paced.
 DEFAULT_SPEED = 4.0
 #: Transcript of every mock audio reply (spec): clearly not a model's words.
@@ -146,7 +146,7 @@ MOCK_RATE_LIMIT_TOKENS = 15_000_000
 
 # --- limits --------------------------------------------------------------------------
 
-#: Largest ``audio`` string in one ``input_audio_buffer.append``: 15 MiB (PROVIDERS.md §5.3).
+#: Largest ``audio`` string in one ``input_audio_buffer.append``: 15 MiB (docs/PROVIDERS.md §5.3).
 MAX_AUDIO_EVENT_CHARS = 15 * 1024 * 1024
 #: Largest WebSocket message accepted: one maximal append plus JSON envelope slack.
 MAX_MESSAGE_BYTES = MAX_AUDIO_EVENT_CHARS + 64 * 1024
@@ -323,7 +323,7 @@ def mock_usage(
     output_audio_ms: int,
     output_text_chars: int,
 ) -> JsonObject:
-    """MOCK ``response.usage`` in the real shape (PROVIDERS.md §5.5), from durations.
+    """MOCK ``response.usage`` in the real shape (docs/PROVIDERS.md §5.5), from durations.
 
     The figures are the mock's own (:data:`MOCK_INPUT_AUDIO_TOKENS_PER_S`,
     :data:`MOCK_OUTPUT_AUDIO_TOKENS_PER_S`, :data:`MOCK_CHARS_PER_TEXT_TOKEN`),

@@ -38,7 +38,7 @@ __all__ = [
     "synthesize_reply",
 ]
 
-#: Output sample rate: OpenAI Realtime's ``audio/pcm`` rate (PROVIDERS.md §5.2).
+#: Output sample rate: OpenAI Realtime's ``audio/pcm`` rate (docs/PROVIDERS.md §5.2).
 SAMPLE_RATE = CANONICAL_SAMPLE_RATE
 #: Longest reply either function returns, 10 minutes (seed decision: bounds memory
 #: at ~29 MB of PCM; no mock reply needs to be longer).

@@ -5,7 +5,7 @@ state machine, in the style of ``h11``: feed it a tap event from the core
 (:meth:`from_core`) or an OpenAI server event as a JSON object
 (:meth:`from_openai`) and it returns :class:`Actions` — OpenAI client events to
 send and tap events for the core. Sockets, the SDK and time live in
-``session.py``.
+``bridge.py`` (:class:`RealtimeBridge`).
 
 State it keeps, and why:
 
@@ -17,7 +17,7 @@ State it keeps, and why:
   error) and the ``played_ms`` the core reports is clamped;
 - function calls held until their ``response.done``: the API emits
   ``response.function_call_arguments.done`` even for a response that is then
-  cancelled (PROVIDERS.md §5.3), and a cancelled proposal must never reach the
+  cancelled (docs/PROVIDERS.md §5.3), and a cancelled proposal must never reach the
   core as an action;
 - how much caller audio was appended since the last commit: committing less
   than 100 ms is an error (``input_audio_buffer_commit_empty``).
@@ -56,7 +56,7 @@ from rutster.media.formats import CANONICAL_SAMPLE_RATE, SAMPLE_WIDTH
 log = logging.getLogger(__name__)
 
 #: The tap's PCM is exactly the Realtime API's ``audio/pcm`` format: 16-bit LE mono
-#: at 24 kHz (PROVIDERS.md §5.2), so audio passes through without resampling.
+#: at 24 kHz (docs/PROVIDERS.md §5.2), so audio passes through without resampling.
 REALTIME_AUDIO_FORMAT: dict[str, Any] = {"type": "audio/pcm", "rate": CANONICAL_SAMPLE_RATE}
 #: The API refuses to commit less than 100 ms of audio ("buffer too small. Expected
 #: at least 100ms of audio"; error code ``input_audio_buffer_commit_empty``).
@@ -130,7 +130,7 @@ def _int_field(obj: Mapping[str, Any] | None, key: str) -> int | None:
 
 
 def usage_from_response(response: Mapping[str, Any], model: str) -> Usage | None:
-    """The tap ``usage`` for one ``response.done`` (PROVIDERS.md §5.5), or None without usage."""
+    """The tap ``usage`` for one ``response.done`` (docs/PROVIDERS.md §5.5); None without usage."""
     usage = response.get("usage")
     if not isinstance(usage, Mapping):
         return None

@@ -32,7 +32,7 @@ JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 #: Longest call the API accepts: one day. A call longer than that is a stuck call
 #: (a brain that never hangs up, a forgotten line) burning money. Seed decision.
 MAX_CALL_DURATION_S = 86_400
-#: Largest per-call cost cap, USD (design.md). A single phone call costing more
+#: Largest per-call cost cap, USD (seed decision). A single phone call costing more
 #: than this is a runaway, not a use case.
 MAX_CALL_COST_USD = 10_000
 #: Money strings: at most 7 integer digits (< 10 million USD, far above any daily
@@ -47,18 +47,18 @@ E164_MIN_DIGITS = 7
 #: Longest ``sip:``/``sips:`` URI accepted. RFC 3261 sets no limit; 256 fits any
 #: real user@host;params and keeps a hostile URI out of logs. Seed decision.
 MAX_SIP_URI_CHARS = 256
-#: Longest brain URL (design.md): the de-facto URL limit of browsers and proxies.
+#: Longest brain URL (seed decision): the de-facto URL limit of browsers and proxies.
 MAX_BRAIN_URL_CHARS = 2048
-#: Configured brain names: short identifiers (design.md).
+#: Configured brain names: short identifiers (seed decision).
 MAX_BRAIN_NAME_CHARS = 32
-#: Campaign ids (design.md): 1..64 URL-safe characters.
+#: Campaign ids (seed decision): 1..64 URL-safe characters.
 MAX_CAMPAIGN_CHARS = 64
-#: Metadata caps (design.md): 16 entries, keys <= 40 chars, values <= 256 chars.
+#: Metadata caps (seed decision): 16 entries, keys <= 40 chars, values <= 256 chars.
 MAX_METADATA_ENTRIES = 16
 MAX_METADATA_KEY_CHARS = 40
 MAX_METADATA_VALUE_CHARS = 256
 #: The call record stores metadata as one JSON string of at most 2 KiB
-#: (design.md, ``P:call:{id}``); the per-entry caps above allow more than that in
+#: (docs/SPEND.md, ``P:call:{id}``); the per-entry caps above allow more than that in
 #: the worst case, so the serialized size is checked too (validation.py).
 MAX_METADATA_JSON_BYTES = 2048
 #: Tenant ids: lowercase, 1..63 chars (a DNS label's length, RFC 1035 §2.3.4),
@@ -75,13 +75,13 @@ MAX_CALLER_CALLS_PER_HOUR = 3_600
 #: 100 calls per second per campaign: above any carrier's CPS allowance (Twilio
 #: starts accounts at 1 CPS). Seed decision.
 MAX_CAMPAIGN_CALLS_PER_MINUTE = 6_000
-#: Largest page of calls (design.md: limit 1..200, default 50).
+#: Largest page of calls (seed decision: limit 1..200, default 50).
 MAX_PAGE_LIMIT = 200
 DEFAULT_PAGE_LIMIT = 50
 #: Digits of a pagination cursor's position: Redis sorted-set scores are doubles,
 #: exact for integers up to 2**53 (16 digits); the store's scores are Unix ms (13).
 MAX_CURSOR_SCORE_DIGITS = len(str(2**53))
-#: Spend history window (design.md: days 1..90, default 7): the day buckets
+#: Spend history window (seed decision: days 1..90, default 7): the day buckets
 #: expire after 40 days, months after 400; 90 days still reads month totals.
 MAX_SPEND_DAYS = 90
 DEFAULT_SPEND_DAYS = 7
@@ -91,7 +91,7 @@ MAX_CALL_ID_HEX = 64
 
 # --- patterns ---------------------------------------------------------------
 
-#: E.164 (design.md): "+", a non-zero country code digit, 7..15 digits in all.
+#: E.164 (seed decision): "+", a non-zero country code digit, 7..15 digits in all.
 E164_PATTERN = rf"^\+[1-9][0-9]{{{E164_MIN_DIGITS - 1},{E164_MAX_DIGITS - 1}}}$"
 _SIP_USER = r"[A-Za-z0-9._~%!$&'()*+,;=?/-]+@"
 _SIP_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
@@ -99,7 +99,7 @@ _SIP_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
 SIP_URI_PATTERN = rf"^sips?:(?:{_SIP_USER})?{_SIP_HOST}(?::[0-9]{{1,5}})?(?:;[A-Za-z0-9._~%=-]+)*$"
 #: A call's ``to``: an E.164 number, or a SIP URI (only for provider ``sip``).
 CALL_TO_PATTERN = f"^(?:{E164_PATTERN[1:-1]}|{SIP_URI_PATTERN[1:-1]})$"
-#: A configured brain name (design.md).
+#: A configured brain name (seed decision).
 BRAIN_NAME_PATTERN = rf"^[a-z][a-z0-9_-]{{0,{MAX_BRAIN_NAME_CHARS - 1}}}$"
 #: A character of a brain URL: printable ASCII except space and the three the tap
 #: allowlist never admits (``?`` query, ``#`` fragment, ``%`` escapes;
@@ -179,7 +179,7 @@ PATTERN_HINTS: dict[str, str] = {
 
 # --- shared pieces ------------------------------------------------------------
 
-#: Call statuses (design.md).
+#: Call statuses (seed decision).
 CALL_STATUSES = ("queued", "ringing", "in_progress", "ended", "refused", "failed")
 PROVIDERS = ("twilio", "sip")
 DIRECTIONS = ("inbound", "outbound")

@@ -81,7 +81,7 @@ from rutster.trunk.sip.worker_metrics import SipWorkerMetrics
 
 log = logging.getLogger(__name__)
 
-#: Calls one worker holds: the pjsua2-python wheel's PJSUA_MAX_CALLS (ARCHITECTURE.md).
+#: Calls one worker holds: the pjsua2-python wheel's PJSUA_MAX_CALLS (docs/ARCHITECTURE.md).
 WORKER_CAPACITY = 4
 #: Control-protocol version this worker speaks (trunk/sip/wire.py).
 PROTOCOL_VERSION = 1

@@ -6,7 +6,7 @@ call: Twilio dials ``To`` from ``From`` and, once answered, fetches TwiML from
 ``Status=canceled`` ends a queued/ringing call, ``Status=completed`` hangs up a
 call in any state, ``Twiml=<Response>…</Response>`` replaces what the call is
 doing (a transfer is a redirect to ``<Dial>``). HTTP Basic
-``AccountSid:AuthToken``, form bodies. PROVIDERS.md §1.6; field names as in
+``AccountSid:AuthToken``, form bodies. docs/PROVIDERS.md §1.6; field names as in
 twilio-python's ``CallList.create`` and ``CallContext.update``.
 
 Every failure is a :class:`CallControlError` with a stable ``reason``. The auth
@@ -38,9 +38,9 @@ from rutster.trunk.twilio.twiml import (
 
 logger = logging.getLogger(__name__)
 
-#: Twilio's REST API host (PROVIDERS.md §1.6; twilio-python ``Domain`` base URL).
+#: Twilio's REST API host (docs/PROVIDERS.md §1.6; twilio-python ``Domain`` base URL).
 TWILIO_API_BASE_URL = "https://api.twilio.com"
-#: API version segment of every Voice REST path (PROVIDERS.md §1.6).
+#: API version segment of every Voice REST path (docs/PROVIDERS.md §1.6).
 TWILIO_API_VERSION = "2010-04-01"
 
 #: Whole-request deadline for one call-control request. Seed decision: Twilio's
@@ -64,7 +64,7 @@ STATUS_CANCELED = "canceled"
 LIVE_STATUSES = frozenset({"queued", "ringing", "in-progress"})
 
 #: HTTP method we ask Twilio to use for ``Url`` and ``StatusCallback``: POST carries the
-#: fields in a signed form body (PROVIDERS.md §1.1; Twilio's default is POST too).
+#: fields in a signed form body (docs/PROVIDERS.md §1.1; Twilio's default is POST too).
 WEBHOOK_METHOD = "POST"
 #: Every call-progress event we subscribe to, in Twilio's order (twilio-python
 #: ``status_callback_event``: "initiated, ringing, answered, and completed").
@@ -74,14 +74,14 @@ STATUS_CALLBACK_EVENTS = ("initiated", "ringing", "answered", "completed")
 MAX_RING_TIMEOUT_S = 600
 #: Largest ``TimeLimit`` we send: 24 hours, the longest call Twilio allows (TwiML ``<Dial
 #: timeLimit>``: "default 14400 seconds (4 hours), maximum 24 hours") and the REST API's
-#: ``limits.max_duration_s`` ceiling (design.md).
+#: ``limits.max_duration_s`` ceiling (seed decision).
 MAX_TIME_LIMIT_S = 86_400
 #: Longest ``Url``/``StatusCallback`` we send. Seed decision: the practical URL length
 #: limit of common HTTP stacks; ours are a host and a short path.
 MAX_URL_CHARS = 2048
 
 #: Twilio error code for "the requested resource was not found": the call is gone
-#: (PROVIDERS.md §1.6, pipecat's Twilio transport).
+#: (docs/PROVIDERS.md §1.6, pipecat's Twilio transport).
 TWILIO_CODE_NOT_FOUND = 20404
 #: Twilio error 21220 "Invalid call state": a realtime operation on a call that is
 #: not in progress; completed calls cannot be redirected (twilio.com/docs/errors/21220).

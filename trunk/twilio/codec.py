@@ -1,6 +1,6 @@
 """Sans-I/O codec for Twilio Media Streams (bidirectional ``<Connect><Stream>``).
 
-Parses the JSON text frames Twilio sends (PROVIDERS.md §1.3) into the
+Parses the JSON text frames Twilio sends (docs/PROVIDERS.md §1.3) into the
 provider-neutral events of :mod:`trunk.events` and renders the core's commands
 back into Twilio messages (§1.4). One codec per WebSocket; it holds the stream
 state (``connected`` → ``start`` → ``media``/``dtmf``/``mark``… → ``stop``) and
@@ -72,7 +72,7 @@ PARAM_TO = "to"
 PARAM_DIRECTION = "direction"
 _OUTBOUND_PREFIX = "outbound"
 
-#: The only ``mediaFormat`` Twilio Media Streams send (PROVIDERS.md §1.3).
+#: The only ``mediaFormat`` Twilio Media Streams send (docs/PROVIDERS.md §1.3).
 _TWILIO_ENCODING = "audio/x-mulaw"
 #: Track name of caller audio in ``media`` messages (§1.3); absent means inbound too.
 _INBOUND_TRACK = "inbound"
@@ -251,7 +251,7 @@ class TwilioStreamCodec:
     # ---- core -> Twilio ------------------------------------------------------
 
     def encode(self, command: IngressCommand) -> str:
-        """Render ``command`` as a Twilio text frame (PROVIDERS.md §1.4).
+        """Render ``command`` as a Twilio text frame (docs/PROVIDERS.md §1.4).
 
         Raises ``RuntimeError`` before ``start``: there is no ``streamSid`` to
         address yet, so calling this is a bug in the caller. After ``stop`` it

@@ -1,7 +1,7 @@
 """A FAKE Twilio REST API, for tests and offline mode. It is not Twilio.
 
 :class:`FakeTwilioRest` serves just enough of ``api.twilio.com`` on a loopback
-port to exercise :mod:`trunk.twilio.call_control` (PROVIDERS.md §1.6):
+port to exercise :mod:`trunk.twilio.call_control` (docs/PROVIDERS.md §1.6):
 
 - ``POST /2010-04-01/Accounts/{AccountSid}/Calls.json`` creates an outbound
   call: the form is validated the way Twilio does (``To``, ``From``, one of
@@ -68,7 +68,7 @@ FAKE_HOST = "127.0.0.1"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 #: ``Server`` header of every answer, so nobody mistakes the fake for Twilio.
 FAKE_SERVER_HEADER = "rutster-FAKE-twilio-rest (not Twilio)"
-#: API version segment of Voice REST paths (PROVIDERS.md §1.6).
+#: API version segment of Voice REST paths (docs/PROVIDERS.md §1.6).
 API_VERSION = "2010-04-01"
 
 #: Call statuses (Twilio Call resource ``status`` values).
@@ -86,7 +86,7 @@ STATUS_FAILED = "failed"
 FINAL_STATUSES = frozenset(
     {STATUS_COMPLETED, STATUS_CANCELED, STATUS_BUSY, STATUS_NO_ANSWER, STATUS_FAILED}
 )
-#: ``Direction`` of a call created through the REST API (PROVIDERS.md §1.1).
+#: ``Direction`` of a call created through the REST API (docs/PROVIDERS.md §1.1).
 DIRECTION_OUTBOUND_API = "outbound-api"
 
 #: Call-progress events (``StatusCallbackEvent`` values, twilio-python ``CallList.create``).

@@ -63,12 +63,12 @@ PARAM_TAP_URL = "tap_url"
 #: (``https://gw/twilio/voice?brain=wss://...``); must be on the allowlist.
 QUERY_BRAIN = "brain"
 #: Largest webhook body accepted. Twilio's form posts are a few hundred bytes to
-#: ~2 KB (PROVIDERS.md §1.1 field list); 16 KiB leaves ample margin. It was 64 KiB
+#: ~2 KB (docs/PROVIDERS.md §1.1 field list); 16 KiB leaves ample margin. It was 64 KiB
 #: until 2026-12-05: percent-decoding that much costs the event loop 4-5 ms per
 #: request, signed or not (measured, 2-core dev VM), about 1.2 ms at 16 KiB.
 MAX_WEBHOOK_BODY_BYTES = 16 * 1024
 #: Most form fields a webhook may carry. Twilio's voice and status webhooks send
-#: about 30 (PROVIDERS.md §1.1 field list), plus one ``SipHeader_*`` per custom SIP
+#: about 30 (docs/PROVIDERS.md §1.1 field list), plus one ``SipHeader_*`` per custom SIP
 #: header on SIP calls; 200 leaves ample margin. Without it a 64 KiB body of short
 #: fields (~6,500-11,000) cost the event loop 23-40 ms to parse and check the
 #: signature of (measured, 2-core dev VM, 2026-12-05): every call on the gateway

@@ -1,6 +1,6 @@
 """Twilio request signatures (``X-Twilio-Signature``), checked without the Twilio SDK.
 
-The algorithm (PROVIDERS.md §1.5; twilio-python ``request_validator.py``):
+The algorithm (docs/PROVIDERS.md §1.5; twilio-python ``request_validator.py``):
 the full URL Twilio requested (scheme, host, path, query string), then, for
 form POSTs, every parameter name in sorted order followed by its value (a
 repeated name contributes each of its distinct values, sorted), all
@@ -23,7 +23,8 @@ from urllib.parse import parse_qs, urlsplit
 #: HTTP header carrying the signature (Twilio docs; twilio-python ``SIGNATURE_HEADER``).
 SIGNATURE_HEADER = "X-Twilio-Signature"
 
-#: Query parameter Twilio adds to JSON-body webhooks: hex SHA-256 of the body (PROVIDERS.md §1.5).
+#: Query parameter Twilio adds to JSON-body webhooks: hex SHA-256 of the body
+#: (docs/PROVIDERS.md §1.5).
 BODY_SHA256_PARAM = "bodySHA256"
 
 #: Ports Twilio may or may not write into the signed URL (twilio-python ``add_port``). Unlike

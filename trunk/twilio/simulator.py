@@ -1,7 +1,7 @@
 """A Twilio simulator: plays Twilio's part of a phone call against a running gateway.
 
 It does what Twilio does for an inbound call on a number whose voice webhook
-points at the gateway (PROVIDERS.md §1), or for an outbound call created through
+points at the gateway (docs/PROVIDERS.md §1), or for an outbound call created through
 the REST API once the callee answers (the webhook is then the call's ``Url``,
 with ``Direction=outbound-api``; :class:`SimulatedCallee` plays such callees for
 the FAKE REST API of :mod:`trunk.twilio.fake_rest`): posts the signed voice webhook, reads
@@ -45,7 +45,7 @@ from rutster.trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureVali
 if TYPE_CHECKING:
     from rutster.trunk.twilio.fake_rest import CreatedFakeCall
 
-#: Twilio's caller audio: 20 ms of 8 kHz μ-law per ``media`` message (PROVIDERS.md §1.3).
+#: Twilio's caller audio: 20 ms of 8 kHz μ-law per ``media`` message (docs/PROVIDERS.md §1.3).
 SIM_SAMPLE_RATE = 8_000
 SIM_FRAME_MS = 20
 SIM_FRAME_BYTES = SIM_SAMPLE_RATE * SIM_FRAME_MS // 1000
@@ -53,7 +53,7 @@ SIM_FRAME_BYTES = SIM_SAMPLE_RATE * SIM_FRAME_MS // 1000
 DEFAULT_TAIL_S = 1.5
 #: HTTP timeout for the webhook.
 WEBHOOK_TIMEOUT_S = 10.0
-#: ``Direction`` of the voice webhook (PROVIDERS.md §1.1): a call to one of our numbers,
+#: ``Direction`` of the voice webhook (docs/PROVIDERS.md §1.1): a call to one of our numbers,
 #: or a call we created through the REST API.
 DIRECTION_INBOUND = "inbound"
 DIRECTION_OUTBOUND_API = "outbound-api"

@@ -1,6 +1,6 @@
 """Per-call Media Streams tokens: defence in depth behind the WebSocket signature.
 
-Twilio ``<Stream>`` URLs cannot carry a query string (PROVIDERS.md §1.2), so the
+Twilio ``<Stream>`` URLs cannot carry a query string (docs/PROVIDERS.md §1.2), so the
 voice webhook puts a token in a ``<Parameter>`` and the media socket checks it
 on ``start`` (``start.customParameters``). The token is an HMAC over the CallSid,
 the brain's tap URL *and* the call's admission context (call id, tenant, caps),

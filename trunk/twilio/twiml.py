@@ -23,7 +23,7 @@ XML_DECLARATION = '<?xml version="1.0" encoding="UTF-8"?>'
 #: Schemes a ``<Stream url>`` may use: Twilio wants ``wss``; ``ws`` is kept for local testing.
 STREAM_URL_SCHEMES = frozenset({"ws", "wss"})
 
-#: Schemes a stream ``statusCallback`` may use (Twilio POSTs a form there, PROVIDERS.md §1.2).
+#: Schemes a stream ``statusCallback`` may use (Twilio POSTs a form there, docs/PROVIDERS.md §1.2).
 STATUS_CALLBACK_SCHEMES = frozenset({"http", "https"})
 
 #: ``<Reject reason>`` values Twilio accepts (TwiML ``<Reject>`` docs; twilio-python ``reject``).
@@ -81,7 +81,7 @@ def connect_stream_twiml(
     ``parameters`` become ``<Parameter>`` children, delivered in
     ``start.customParameters``. Raises ``ValueError`` for a stream URL that is not
     an absolute ``ws://``/``wss://`` URL, or that has a query string or fragment
-    (Twilio does not support a query string on stream URLs, PROVIDERS.md §1.2).
+    (Twilio does not support a query string on stream URLs, docs/PROVIDERS.md §1.2).
     """
     split = _split_url(stream_url, "stream_url")
     if split.scheme not in STREAM_URL_SCHEMES or not split.hostname:
@@ -200,7 +200,7 @@ def is_valid_transfer_destination(destination: str) -> bool:
 def transfer_twiml(destination: str) -> str:
     """``<Dial>`` the caller to ``destination``: ``<Number>`` for E.164, ``<Sip>`` for a SIP URI.
 
-    Sent as ``Twiml=`` when redirecting a live call (PROVIDERS.md §1.6). When the
+    Sent as ``Twiml=`` when redirecting a live call (docs/PROVIDERS.md §1.6). When the
     ``<Dial>`` ends, the TwiML ends and Twilio hangs up the caller. Raises
     ``ValueError`` for anything else (see :func:`parse_transfer_destination`).
     """
