@@ -33,7 +33,7 @@ from rutster.media.formats import CANONICAL_FRAME_BYTES, TWILIO_MULAW_8K
 from rutster.media.g711 import ulaw_encode
 from rutster.media.resample import DEFAULT_ENGINE, DEFAULT_QUALITY, ResamplerEngine
 from rutster.media.transform import InboundTransform, OutboundTransform
-from rutster.trunk.events import AudioReceived, PlayAudio
+from rutster.protocols.ingress import AudioReceived, PlayAudio
 from rutster.trunk.twilio.codec import TwilioStreamCodec
 from rutster.trunk.twilio.simulator import start_message
 

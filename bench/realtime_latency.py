@@ -40,7 +40,6 @@ import secrets
 import statistics
 from pathlib import Path
 
-from rutster.brains.tap import SpeechStopped
 from rutster.gateway.config import GatewayConfig
 from rutster.gateway.launcher import LOOPBACK, free_port, gateway_process, realtime_brain_process
 from rutster.gateway.media_engine import MediaEngine
@@ -49,7 +48,8 @@ from rutster.media.echo_gate import EchoGate, EchoGateConfig
 from rutster.media.formats import TWILIO_MULAW_8K
 from rutster.media.g711 import ulaw_encode
 from rutster.media.vad import SPEECH_THRESHOLD, make_detector
-from rutster.trunk.events import AudioReceived
+from rutster.protocols.ingress import AudioReceived
+from rutster.protocols.tap import SpeechStopped
 from rutster.trunk.twilio.simulator import (
     SIM_FRAME_BYTES,
     SIM_FRAME_MS,

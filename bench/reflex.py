@@ -65,7 +65,6 @@ import numpy as np
 
 from bench.eval_corpus import NoiseBurst, Utterance, noise_bursts, scale_to_dbfs, utterances
 from rutster.brains.realtime.mock_voice import synthesize_reply
-from rutster.brains.tap import SpeechStarted, SpeechStopped
 from rutster.gateway.engine_rig import (
     RATE,
     EchoPath,
@@ -77,6 +76,7 @@ from rutster.gateway.engine_rig import (
 )
 from rutster.gateway.reflex import PAUSE_ON, PAUSE_PROBABILITY, PauseOn, ReflexConfig
 from rutster.gateway.server import limit_numeric_threads
+from rutster.protocols.tap import SpeechStarted, SpeechStopped
 
 #: Interruptions in a row per call (the issue: at least 10).
 INTERRUPTIONS_PER_CALL = 12

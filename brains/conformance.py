@@ -64,7 +64,14 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.frames import CloseCode
 
 from rutster.brains.marker_tone import marker_tone_pcm
-from rutster.brains.tap import (
+from rutster.media.formats import (
+    CANONICAL_FRAME_SAMPLES,
+    CANONICAL_SAMPLE_RATE,
+    FRAME_MS,
+    SAMPLE_WIDTH,
+    samples_to_ms,
+)
+from rutster.protocols.tap import (
     BRAIN_DECLARATIONS,
     MAX_MESSAGE_BYTES,
     AudioIn,
@@ -90,13 +97,6 @@ from rutster.brains.tap import (
     ToolsUpdate,
     TurnOwner,
     UnknownTapEvent,
-)
-from rutster.media.formats import (
-    CANONICAL_FRAME_SAMPLES,
-    CANONICAL_SAMPLE_RATE,
-    FRAME_MS,
-    SAMPLE_WIDTH,
-    samples_to_ms,
 )
 
 #: How long a brain may take to start answering a turn (or propose a tool).

@@ -28,7 +28,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from rutster.brains.bind import BRAIN_BIND_ENV, parse_bind
-from rutster.brains.tap import (
+from rutster.brains.tap_server import TapListener
+from rutster.protocols.tap import (
     AudioIn,
     AudioOut,
     BrainHello,
@@ -43,7 +44,6 @@ from rutster.brains.tap import (
     UnknownTapEvent,
     wire_type,
 )
-from rutster.brains.tap_server import TapListener
 
 #: The path the echo brain serves; every other path gets 404.
 ECHO_PATH = "/echo"

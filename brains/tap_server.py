@@ -16,7 +16,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from rutster.brains.bind import ws_url
-from rutster.brains.tap import MAX_MESSAGE_BYTES
+from rutster.protocols.tap import MAX_MESSAGE_BYTES
 
 
 class TapListener:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rutster.brains.tap import ToolSpec
+from rutster.protocols.tap import ToolSpec
 
 #: Longest free-text reason a model may give for hanging up. Seed decision: a
 #: sentence; the core records only the tool name, never the text (receipts are

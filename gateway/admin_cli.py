@@ -90,7 +90,7 @@ def gateway_url(explicit: str | None, env: Mapping[str, str]) -> str:
 
 def admin_key(env: Mapping[str, str]) -> str:
     """The admin key from ``RUTSTER_ADMIN_KEY_FILE`` (wins) or ``RUTSTER_ADMIN_KEY``."""
-    from rutster.gateway.env_values import ConfigError, read_secret
+    from rutster.base.env_values import ConfigError, read_secret
 
     try:
         key = read_secret(env, ADMIN_KEY_ENV)

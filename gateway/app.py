@@ -22,7 +22,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
-from rutster.brains.tap import SessionEndReason
 from rutster.gateway.api.api_keys import AdminKey, ApiKeyStore
 from rutster.gateway.api.rate_limit import RateLimiter
 from rutster.gateway.api.routes import api_routes, hang_up_local_call, unrouted
@@ -34,15 +33,16 @@ from rutster.gateway.peer_faults import (
     ClientDisconnectGuard,
     InvalidUtf8LogFilter,
 )
+from rutster.gateway.sip_routes import sip_stream, sip_workers
 from rutster.gateway.state import GatewayState
+from rutster.gateway.twilio_routes import twilio_status, twilio_stream, twilio_voice
 from rutster.media.vad import preload
+from rutster.protocols.tap import SessionEndReason
 from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.spend.gate import SpendGate
 from rutster.spend.journal import SpendJournal
 from rutster.spend.store import REDIS_CONNECT_TIMEOUT_S, SpendStore, StoreUnavailable, redis_client
-from rutster.trunk.sip.gateway_routes import sip_stream, sip_workers
 from rutster.trunk.twilio.call_control import TwilioCallControl
-from rutster.trunk.twilio.routes import twilio_status, twilio_stream, twilio_voice
 
 log = logging.getLogger(__name__)
 

@@ -22,27 +22,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from rutster.brains.tap import (
-    AdvisorySpeechStarted,
-    AdvisorySpeechStopped,
-    AudioClear,
-    AudioOut,
-    AudioSpec,
-    BrainError,
-    BrainEvent,
-    BrainHello,
-    Bye,
-    CallInfo,
-    Dtmf,
-    FunctionCall,
-    Hello,
-    SessionEndReason,
-    SpeechStarted,
-    SpeechStopped,
-    ToolStatus,
-    ToolsUpdate,
-    Usage,
-)
 from rutster.brains.tool_catalog import TOOL_CATALOG
 from rutster.gateway.call_trail import CallTrail
 from rutster.gateway.config import GatewayConfig
@@ -63,10 +42,8 @@ from rutster.media.formats import samples_to_ms
 from rutster.media.pacer import Pacer
 from rutster.media.playout import PlayoutBuffer
 from rutster.media.vad import SPEECH_THRESHOLD, make_detector
-from rutster.spend.gate import CallSpend
-from rutster.spend.store import StoreUnavailable
-from rutster.trunk.call_control import CallControlFailure, ProviderCallControl, SupportsGoodbye
-from rutster.trunk.events import (
+from rutster.protocols.call_control import CallControlFailure, ProviderCallControl, SupportsGoodbye
+from rutster.protocols.ingress import (
     AudioReceived,
     DtmfReceived,
     IngressCommand,
@@ -76,6 +53,29 @@ from rutster.trunk.events import (
     StreamStarted,
     StreamStopped,
 )
+from rutster.protocols.tap import (
+    AdvisorySpeechStarted,
+    AdvisorySpeechStopped,
+    AudioClear,
+    AudioOut,
+    AudioSpec,
+    BrainError,
+    BrainEvent,
+    BrainHello,
+    Bye,
+    CallInfo,
+    Dtmf,
+    FunctionCall,
+    Hello,
+    SessionEndReason,
+    SpeechStarted,
+    SpeechStopped,
+    ToolStatus,
+    ToolsUpdate,
+    Usage,
+)
+from rutster.spend.gate import CallSpend
+from rutster.spend.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

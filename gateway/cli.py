@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlencode
 
+from rutster.base.log_format import setup_logging
 from rutster.gateway.admin_cli import add_admin_parser
-from rutster.gateway.log_format import setup_logging
 from rutster.media.demo_audio import CALLER_SPEECH_8K
 from rutster.trunk.sip.cli import add_sip_parsers
 
@@ -44,9 +44,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the gateway under uvicorn."""
     import uvicorn
 
+    from rutster.base.env_values import ConfigError
     from rutster.gateway.app import create_app
     from rutster.gateway.config import GatewayConfig
-    from rutster.gateway.env_values import ConfigError
     from rutster.gateway.server import (
         limit_numeric_threads,
         listen_socket,
@@ -95,9 +95,9 @@ def cmd_brain(args: argparse.Namespace) -> int:
     if args.brain == "realtime":
         from dataclasses import replace
 
+        from rutster.base.env_values import ConfigError
         from rutster.brains.realtime.config import RealtimeBrainConfig
         from rutster.brains.realtime.server import run_realtime_brain
-        from rutster.gateway.env_values import ConfigError
 
         env = dict(os.environ)
         if args.bind is not None:
@@ -129,7 +129,7 @@ def cmd_tap_conformance(args: argparse.Namespace) -> int:
 
 
 def _auth_token_from_env() -> str | None:
-    from rutster.gateway.env_values import read_secret
+    from rutster.base.env_values import read_secret
 
     return read_secret(os.environ, "TWILIO_AUTH_TOKEN")
 

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
-from rutster.gateway.env_values import ConfigError, env_bool, env_float, env_int, read_secret
+from rutster.base.env_values import ConfigError, env_bool, env_float, env_int, read_secret
+from rutster.base.stream_token import MIN_SECRET_BYTES
 from rutster.gateway.http_guard import DEFAULT_MAX_PER_SOURCE
 from rutster.gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES, MediaEngineConfig
 from rutster.gateway.reflex import (
@@ -43,7 +44,6 @@ from rutster.media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
 from rutster.media.playout import DEFAULT_MAX_MS
 from rutster.media.vad import DEFAULT_DETECTOR, DETECTOR_NAMES
 from rutster.trunk.twilio.call_control import ACCOUNT_SID_PATTERN, TWILIO_API_BASE_URL
-from rutster.trunk.twilio.stream_token import MIN_SECRET_BYTES
 
 #: Where the gateway is reached from the internet when nothing is configured: the
 #: local dev default, matching ``rutster serve``'s default port.

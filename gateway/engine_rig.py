@@ -29,14 +29,13 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from rutster.brains.tap import AudioOut, BrainEvent, BrainHello, SpeechStarted, SpeechStopped
 from rutster.gateway.media_engine import BrainAudio, EngineCommand, MediaEngine, MediaEngineConfig
 from rutster.gateway.reflex import ReflexConfig, SpeechDetector
 from rutster.media.echo_gate import EchoGate, EchoGateConfig, EchoVerdict
 from rutster.media.formats import TWILIO_MULAW_8K
 from rutster.media.g711 import ulaw_decode, ulaw_encode
 from rutster.media.vad import DEFAULT_DETECTOR, SPEECH_THRESHOLD, make_detector
-from rutster.trunk.events import (
+from rutster.protocols.ingress import (
     AudioReceived,
     ClearPlayback,
     IngressCommand,
@@ -45,6 +44,7 @@ from rutster.trunk.events import (
     PlaceMark,
     PlayAudio,
 )
+from rutster.protocols.tap import AudioOut, BrainEvent, BrainHello, SpeechStarted, SpeechStopped
 
 _T = TypeVar("_T")
 

@@ -46,16 +46,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
-from rutster.brains.tap import (
-    AudioClear,
-    AudioOut,
-    BrainEvent,
-    BrainHello,
-    Dtmf,
-    SpeechStarted,
-    SpeechStopped,
-    TurnOwner,
-)
 from rutster.gateway.reflex import (
     ClearProvider,
     EchoJudge,
@@ -72,7 +62,7 @@ from rutster.media.narrowband import NarrowbandTap
 from rutster.media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS, Pacer
 from rutster.media.playout import DEFAULT_MAX_MS, PlayoutBuffer
 from rutster.media.transform import InboundTransform, OutboundTransform
-from rutster.trunk.events import (
+from rutster.protocols.ingress import (
     AudioReceived,
     ClearPlayback,
     DtmfReceived,
@@ -81,6 +71,16 @@ from rutster.trunk.events import (
     MarkPlayed,
     PlaceMark,
     PlayAudio,
+)
+from rutster.protocols.tap import (
+    AudioClear,
+    AudioOut,
+    BrainEvent,
+    BrainHello,
+    Dtmf,
+    SpeechStarted,
+    SpeechStopped,
+    TurnOwner,
 )
 
 __all__ = [

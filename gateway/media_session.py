@@ -15,15 +15,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from rutster.brains.tap import SessionEndReason
 from rutster.gateway.call import Call, CallEdge, monotonic_ms
 from rutster.gateway.spend_context import SpendContext
 from rutster.gateway.state import GatewayState
+from rutster.protocols.call_control import ProviderCallControl
+from rutster.protocols.ingress import IngressEvent, StreamStarted, StreamStopped
+from rutster.protocols.tap import SessionEndReason
 from rutster.spend.gate import Admission, AdmissionRequest, wall_ms
 from rutster.spend.meter import CallCaps
 from rutster.spend.store import HEARTBEAT_INTERVAL_MS, StoreUnavailable
-from rutster.trunk.call_control import ProviderCallControl
-from rutster.trunk.events import IngressEvent, StreamStarted, StreamStopped
 
 log = logging.getLogger(__name__)
 

@@ -20,25 +20,25 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from rutster.brains.tap import SessionEndReason
-from rutster.gateway.media_session import StreamEnded
-from rutster.gateway.spend_context import BadSpendContext, SpendContext
-from rutster.gateway.state import GatewayState
-from rutster.gateway.stream_claims import ClaimOutcome
-from rutster.gateway.ws_close import (
+from rutster.base.stream_token import StreamTokenSigner, TokenStatus
+from rutster.base.ws_close import (
     CLOSE_MESSAGE_TOO_BIG,
     CLOSE_NORMAL,
     CLOSE_POLICY_VIOLATION,
     CLOSE_SERVICE_RESTART,
 )
-from rutster.spend.store import StoreUnavailable
-from rutster.trunk.events import (
+from rutster.gateway.media_session import StreamEnded
+from rutster.gateway.spend_context import BadSpendContext, SpendContext
+from rutster.gateway.state import GatewayState
+from rutster.gateway.stream_claims import ClaimOutcome
+from rutster.protocols.ingress import (
     IngressProtocolError,
     StreamStarted,
     StreamStopped,
     UnknownIngressEvent,
 )
-from rutster.trunk.twilio.stream_token import StreamTokenSigner, TokenStatus
+from rutster.protocols.tap import SessionEndReason
+from rutster.spend.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from rutster.brains.tap import SpeechStarted, SpeechStopped
 from rutster.media.endpointing import (
     MIN_SPEECH_MS,
     ONSET_WINDOW_MS,
@@ -58,6 +57,7 @@ from rutster.media.formats import FRAME_MS, ms_to_frames
 from rutster.media.pacer import Pacer
 from rutster.media.played_ledger import PlayedLedger, SentFrame
 from rutster.media.playout import PlayoutBuffer, PlayoutFrame
+from rutster.protocols.tap import SpeechStarted, SpeechStopped
 
 #: Speech in a row that pauses assistant playout: two frames (40 ms). One frame
 #: alone is too easily a click; the issue's goal is a pause ≤ 150 ms P95 after

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rutster.base.env_values import ConfigError, env_float, env_int, env_pairs, read_secret
 from rutster.gateway.api.rate_limit import DEFAULT_BURST, DEFAULT_RATE_PER_S
-from rutster.gateway.env_values import ConfigError, env_float, env_int, env_pairs, read_secret
 from rutster.spend.gate import (
     DEFAULT_CALL_MAX_COST_MICROS,
     DEFAULT_CALL_MAX_DURATION_S,

@@ -14,7 +14,7 @@ from rutster.gateway.config import GatewayConfig
 from rutster.gateway.http_guard import HttpGuardStats
 from rutster.gateway.metrics import GatewayMetrics
 from rutster.gateway.stream_claims import StreamClaims
-from rutster.trunk.call_control import ProviderCallControl
+from rutster.protocols.call_control import ProviderCallControl
 from rutster.trunk.sip.worker_links import SipCallControl, SipWorkerRegistry
 
 if TYPE_CHECKING:

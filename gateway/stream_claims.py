@@ -1,6 +1,6 @@
 """One stream token, one media socket: the claim a verified token must win before a call runs.
 
-A stream token (trunk/twilio/stream_token.py) proves which call, brain and
+A stream token (base/stream_token.py) proves which call, brain and
 admission a media socket is for, until it expires; on its own it could be
 presented again, by a second socket, to this gateway or to any other one. So
 the first socket whose token verifies *claims* the call, in the Redis the

@@ -21,7 +21,9 @@ from typing import get_args
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from rutster.brains.tap import (
+from rutster.base.backoff import Backoff
+from rutster.gateway.metrics import GatewayMetrics
+from rutster.protocols.tap import (
     MAX_MESSAGE_BYTES,
     AudioIn,
     BrainEvent,
@@ -35,8 +37,6 @@ from rutster.brains.tap import (
     TapProtocolError,
     UnknownTapEvent,
 )
-from rutster.gateway.backoff import Backoff
-from rutster.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError
 from jsonschema.exceptions import best_match as best_validation_error
 
-from rutster.brains.tap import JSON, FunctionCall, FunctionCallOutput, ToolStatus, ToolsUpdate
+from rutster.protocols.tap import JSON, FunctionCall, FunctionCallOutput, ToolStatus, ToolsUpdate
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from rutster.brains.tap import Usage
+from rutster.protocols.tap import Usage
 from rutster.spend.journal import SpendJournal
 from rutster.spend.limits import TenantLimits, tightest
 from rutster.spend.meter import (

@@ -39,7 +39,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Final, Literal, TypeAlias
 
-from rutster.brains.tap import Usage
+from rutster.protocols.tap import Usage
 from rutster.spend.money import MAX_MICROS, Micros
 from rutster.spend.prices import (
     GPT_REALTIME_RATES,

@@ -49,7 +49,7 @@ from typing import Any, Final, Literal, Self
 import jsonschema
 from jsonschema.exceptions import best_match
 
-from rutster.brains.tap import Usage
+from rutster.protocols.tap import Usage
 from rutster.spend.money import MAX_MICROS, Micros, parse_money
 
 __all__ = [

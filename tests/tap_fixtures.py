@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rutster.brains.tap import Direction
+from rutster.protocols.tap import Direction
 
 #: Where the golden tap messages live: one folder per direction, plus invalid/
 #: and lenient/.

@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from rutster.base.env_values import ConfigError
 from rutster.gateway.api.api_keys import (
     ADMIN_ENV_KEY_ID,
     MAX_BEARER_TOKEN_CHARS,
@@ -24,7 +25,6 @@ from rutster.gateway.api.api_keys import (
     parse_bearer,
 )
 from rutster.gateway.api.errors import ApiError
-from rutster.gateway.env_values import ConfigError
 from rutster.spend.embedded_redis import EmbeddedRedis
 
 NOW_MS = 1_764_504_000_000

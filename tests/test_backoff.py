@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rutster.gateway.backoff import TAP_RECONNECT_DELAYS_S, Backoff
+from rutster.base.backoff import TAP_RECONNECT_DELAYS_S, Backoff
 
 #: The schedule TAP_PROTOCOL.md ("Lost brain connection") promises brain authors.
 DOCUMENTED_SCHEDULE_S = [0.25, 0.5, 1.0, 2.0, 5.0]

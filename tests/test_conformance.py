@@ -33,7 +33,8 @@ from rutster.brains.conformance import (
 )
 from rutster.brains.echo import EchoBrain
 from rutster.brains.marker_tone import contains_marker_tone, marker_tone_pcm
-from rutster.brains.tap import (
+from rutster.gateway.launcher import LOOPBACK, free_port
+from rutster.protocols.tap import (
     MAX_MESSAGE_BYTES,
     AudioIn,
     Direction,
@@ -49,7 +50,6 @@ from rutster.brains.tap import (
     ToolsUpdate,
     UnknownTapEvent,
 )
-from rutster.gateway.launcher import LOOPBACK, free_port
 
 PASS, FAIL, SKIP = RuleStatus.PASS, RuleStatus.FAIL, RuleStatus.SKIP
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -19,10 +19,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 
-from rutster.brains.tap import Hello, SessionEnd
-from rutster.gateway.backoff import TAP_RECONNECT_DELAYS_S
+from rutster.base.backoff import TAP_RECONNECT_DELAYS_S
 from rutster.gateway.launcher import LOOPBACK, Service, echo_brain_process, gateway_process, spawn
 from rutster.media.pacer import DEFAULT_LEAD_MS
+from rutster.protocols.tap import Hello, SessionEnd
 from rutster.trunk.twilio.simulator import (
     TwilioSimulator,
     best_lag_correlation,

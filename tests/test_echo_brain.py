@@ -26,7 +26,7 @@ from rutster.brains.echo import (
     EchoBrain,
     _WarningThrottle,
 )
-from rutster.brains.tap import (
+from rutster.protocols.tap import (
     MAX_MESSAGE_BYTES,
     AudioIn,
     AudioOut,

@@ -17,7 +17,12 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rutster.brains.echo import EchoBrain
-from rutster.brains.tap import (
+from rutster.gateway.app import startup_warnings
+from rutster.gateway.config import GatewayConfig
+from rutster.gateway.server import MAX_WS_MESSAGE_BYTES
+from rutster.gateway.twilio_routes import MAX_WEBHOOK_FIELDS
+from rutster.media.g711 import ulaw_encode
+from rutster.protocols.tap import (
     AudioClear,
     AudioIn,
     AudioOut,
@@ -29,11 +34,6 @@ from rutster.brains.tap import (
     TapDecoder,
     TapEncoder,
 )
-from rutster.gateway.app import startup_warnings
-from rutster.gateway.config import GatewayConfig
-from rutster.gateway.server import MAX_WS_MESSAGE_BYTES
-from rutster.media.g711 import ulaw_encode
-from rutster.trunk.twilio.routes import MAX_WEBHOOK_FIELDS
 from rutster.trunk.twilio.simulator import (
     StreamInstructions,
     TwilioSimulator,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rutster.base.env_values import ConfigError
 from rutster.brains.echo import EchoBrain
 from rutster.gateway.config import (
     DEFAULT_BRAIN_GRACE_MS,
@@ -15,7 +16,6 @@ from rutster.gateway.config import (
     GENERATED_SECRET_BYTES,
     GatewayConfig,
 )
-from rutster.gateway.env_values import ConfigError
 from rutster.gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES
 from rutster.gateway.reflex import PauseOn
 from rutster.media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS

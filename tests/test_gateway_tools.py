@@ -8,7 +8,8 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 
-from rutster.brains.tap import (
+from rutster.brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
+from rutster.protocols.tap import (
     MAX_ID_CHARS,
     FunctionCall,
     FunctionCallOutput,
@@ -18,7 +19,6 @@ from rutster.brains.tap import (
     ToolSpec,
     ToolsUpdate,
 )
-from rutster.brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
 from rutster.trunk.twilio.fake_rest import FakeTwilioRest
 from rutster.trunk.twilio.simulator import new_sid
 from tests.conftest import (

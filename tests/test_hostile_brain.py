@@ -28,7 +28,10 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from rutster.brains.echo import EchoBrain
-from rutster.brains.tap import (
+from rutster.gateway.call import Call, monotonic_ms
+from rutster.gateway.launcher import LOOPBACK
+from rutster.gateway.tap_client import TAP_CLOSE_TIMEOUT_S
+from rutster.protocols.tap import (
     MAX_AUDIO_OUT_SAMPLES,
     MAX_MESSAGE_BYTES,
     AudioIn,
@@ -40,9 +43,6 @@ from rutster.brains.tap import (
     TapDecoder,
     TapEncoder,
 )
-from rutster.gateway.call import Call, monotonic_ms
-from rutster.gateway.launcher import LOOPBACK
-from rutster.gateway.tap_client import TAP_CLOSE_TIMEOUT_S
 from rutster.trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator
 from tests.conftest import (
     TEST_AUTH_TOKEN,

@@ -18,9 +18,9 @@ import random
 import numpy as np
 import pytest
 
-from rutster.brains.tap import AudioClear, AudioOut, BrainHello
 from rutster.gateway.engine_rig import LINE_RATE, ReflexRig
 from rutster.media.pacer import DEFAULT_LEAD_MS
+from rutster.protocols.tap import AudioClear, AudioOut, BrainHello
 
 #: Seeds drawn (each one call of SEQUENCE_S); fixed so a failure repeats.
 SEEDS = range(40)

@@ -6,7 +6,7 @@ import logging
 import subprocess
 import sys
 
-from rutster.gateway.log_format import LOG_FORMAT, OneLineFormatter, escape_controls
+from rutster.base.log_format import LOG_FORMAT, OneLineFormatter, escape_controls
 
 FORGED = "bye\n2026-12-03 07:00:00,000 ERROR gateway.call: forged\r\x1b[2J\u2028end"
 

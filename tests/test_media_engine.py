@@ -20,19 +20,6 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from rutster.brains.realtime.mock_voice import synthesize_reply
-from rutster.brains.tap import (
-    AudioClear,
-    AudioIn,
-    AudioOut,
-    BrainHello,
-    Direction,
-    Hello,
-    SpeechStarted,
-    SpeechStopped,
-    TapDecoder,
-    TapEncoder,
-    TurnOwner,
-)
 from rutster.gateway.engine_rig import LINE_RATE, RATE, ReflexRig
 from rutster.gateway.media_engine import BadInput, BrainAudio, MediaEngine
 from rutster.media.echo_gate import EchoGate
@@ -46,7 +33,20 @@ from rutster.media.formats import (
 from rutster.media.g711 import ulaw_encode
 from rutster.media.pacer import DEFAULT_LEAD_MS
 from rutster.media.vad import SPEECH_THRESHOLD, make_detector
-from rutster.trunk.events import AudioReceived, ClearPlayback, MarkPlayed, PlaceMark, PlayAudio
+from rutster.protocols.ingress import AudioReceived, ClearPlayback, MarkPlayed, PlaceMark, PlayAudio
+from rutster.protocols.tap import (
+    AudioClear,
+    AudioIn,
+    AudioOut,
+    BrainHello,
+    Direction,
+    Hello,
+    SpeechStarted,
+    SpeechStopped,
+    TapDecoder,
+    TapEncoder,
+    TurnOwner,
+)
 from rutster.trunk.twilio.simulator import media_message
 from tests.conftest import eventually, gateway_config, serve_gateway
 from tests.test_gateway_calls import start_stream

@@ -73,7 +73,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rutster.gateway.env_values import read_secret
+from rutster.base.env_values import read_secret
 from rutster.gateway.launcher import LOOPBACK, Service, free_port, wait_healthy, wait_listening
 from rutster.trunk.twilio.simulator import TwilioSimulator, best_lag_correlation, read_wav_8k
 from tests.echo_checks import transient_steps_only

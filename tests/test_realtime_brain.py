@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rutster.base.env_values import ConfigError
 from rutster.brains.conformance import RuleStatus, run_conformance
 from rutster.brains.realtime.bridge import AuthFailureLatch
 from rutster.brains.realtime.config import DEFAULT_MODEL, MOCK_API_KEY, RealtimeBrainConfig
@@ -17,7 +18,6 @@ from rutster.brains.realtime.mock_server import MockRealtimeServer
 from rutster.brains.realtime.server import RealtimeBrain
 from rutster.brains.realtime.translator import ERROR_AUTH_FAILED, ERROR_UPSTREAM_DISCONNECT
 from rutster.brains.tool_catalog import HANGUP_TOOL
-from rutster.gateway.env_values import ConfigError
 from rutster.gateway.launcher import LOOPBACK, realtime_brain_process
 from rutster.trunk.twilio.simulator import TwilioSimulator
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway

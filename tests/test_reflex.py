@@ -12,7 +12,6 @@ import pytest
 
 from bench.eval_corpus import Utterance
 from rutster.brains.realtime.mock_voice import synthesize_reply
-from rutster.brains.tap import SpeechStarted, SpeechStopped
 from rutster.gateway.engine_rig import (
     FRAME_MS,
     RATE,
@@ -25,7 +24,8 @@ from rutster.gateway.engine_rig import (
 from rutster.gateway.reflex import ClearProvider, PauseOn, ReflexConfig, ReflexState
 from rutster.media.endpointing import frame_level_dbfs
 from rutster.media.resample import StreamResampler
-from rutster.trunk.events import ClearPlayback
+from rutster.protocols.ingress import ClearPlayback
+from rutster.protocols.tap import SpeechStarted, SpeechStopped
 from rutster.trunk.twilio.simulator import read_wav_8k
 from tests.conftest import SPEECH_WAV
 

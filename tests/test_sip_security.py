@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rutster.brains.tap import AudioIn, Hello, SessionEnd
 from rutster.gateway.launcher import LOOPBACK
+from rutster.protocols.tap import AudioIn, Hello, SessionEnd
 from rutster.trunk.sip.access import DEFAULT_FAILURE_LIMIT
 from rutster.trunk.sip.load_generator import analyse_echo, voiced_frames
 from rutster.trunk.sip.peer import FRAME_BYTES, CallHandle, SipPeerProcess

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rutster.trunk.events import (
+from rutster.protocols.ingress import (
     AudioReceived,
     CallContext,
     CallDirection,

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from websockets.asyncio.server import ServerConnection
 
-from rutster.brains.tap import Hello, SessionEnd, TapEncoder, Usage
+from rutster.protocols.tap import Hello, SessionEnd, TapEncoder, Usage
 from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.spend.journal import SettleRecord
 from rutster.spend.limits import TenantLimits

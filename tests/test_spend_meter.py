@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rutster.brains.tap import Usage
+from rutster.protocols.tap import Usage
 from rutster.spend.meter import (
     CEILING_INPUT_TOKENS_PER_S,
     CEILING_OUTPUT_TOKENS_PER_S,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rutster.brains.tap import Usage
+from rutster.protocols.tap import Usage
 from rutster.spend.prices import (
     GPT_REALTIME_MINI_RATES,
     GPT_REALTIME_RATES,

@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 from websockets.asyncio.server import ServerConnection
 
-from rutster.brains.tap import Hello, TapEncoder, Usage
 from rutster.gateway.event_bus import CallEvent, EventValue
 from rutster.gateway.metrics import GatewayMetrics
+from rutster.protocols.tap import Hello, TapEncoder, Usage
 from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.spend.gate import (
     DEFAULT_CALL_MAX_COST_MICROS,

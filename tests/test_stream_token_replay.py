@@ -23,8 +23,9 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from rutster.base.stream_token import STREAM_TOKEN_LIFETIME_S, StreamTokenSigner
+from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.brains.echo import EchoBrain
-from rutster.brains.tap import AudioIn
 from rutster.gateway.config import GatewayConfig
 from rutster.gateway.launcher import LOOPBACK, free_port
 from rutster.gateway.media_socket import (
@@ -38,12 +39,12 @@ from rutster.gateway.stream_claims import (
     ClaimOutcome,
     StreamClaims,
 )
-from rutster.gateway.ws_close import CLOSE_POLICY_VIOLATION
+from rutster.gateway.twilio_routes import PARAM_TAP_URL
+from rutster.protocols.tap import AudioIn
 from rutster.spend.store import SpendStore, redis_client
 from rutster.trunk.sip.wire import Admit, Hello, InviteRequest, WorkerMediaCodec, encode_control
 from rutster.trunk.sip.wire import parse_control as parse_sip_control
 from rutster.trunk.twilio.codec import PARAM_TOKEN
-from rutster.trunk.twilio.routes import PARAM_TAP_URL
 from rutster.trunk.twilio.simulator import (
     StreamInstructions,
     TwilioSimulator,
@@ -51,7 +52,6 @@ from rutster.trunk.twilio.simulator import (
     new_sid,
     start_message,
 )
-from rutster.trunk.twilio.stream_token import STREAM_TOKEN_LIFETIME_S, StreamTokenSigner
 from tests.conftest import (
     RunningGateway,
     eventually,

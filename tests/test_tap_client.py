@@ -15,7 +15,17 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request
 
-from rutster.brains.tap import (
+from rutster.base.backoff import Backoff
+from rutster.gateway.call import monotonic_ms
+from rutster.gateway.launcher import LOOPBACK, free_port
+from rutster.gateway.metrics import GatewayMetrics
+from rutster.gateway.tap_client import (
+    OPENING_AUDIO_FRAMES,
+    TAP_CLOSE_TIMEOUT_S,
+    WARN_LOG_LIMIT,
+    TapClient,
+)
+from rutster.protocols.tap import (
     MAX_MESSAGE_BYTES,
     AudioIn,
     AudioOut,
@@ -33,16 +43,6 @@ from rutster.brains.tap import (
     TapEvent,
     ToolStatus,
     UnknownTapEvent,
-)
-from rutster.gateway.backoff import Backoff
-from rutster.gateway.call import monotonic_ms
-from rutster.gateway.launcher import LOOPBACK, free_port
-from rutster.gateway.metrics import GatewayMetrics
-from rutster.gateway.tap_client import (
-    OPENING_AUDIO_FRAMES,
-    TAP_CLOSE_TIMEOUT_S,
-    WARN_LOG_LIMIT,
-    TapClient,
 )
 from tests.conftest import eventually
 from tests.tap_fixtures import fixture_names, load_fixture, load_fixture_json

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rutster.brains.tap import (
+from rutster.protocols.ingress import CallDirection
+from rutster.protocols.tap import (
     AUDIO_IN_BYTES,
     AUDIO_IN_SAMPLES,
     BRAIN_DECLARATIONS,
@@ -55,7 +56,6 @@ from rutster.brains.tap import (
     event_direction,
     wire_type,
 )
-from rutster.trunk.events import CallDirection
 from tests.tap_fixtures import (
     InvalidCase,
     LenientCase,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rutster.media.formats import TWILIO_MULAW_8K
-from rutster.trunk.events import (
+from rutster.protocols.ingress import (
     AudioReceived,
     CallContext,
     CallDirection,

@@ -27,8 +27,8 @@ from starlette.routing import Route
 from twilio.rest import Client
 
 from rutster.brains.echo import EchoBrain
-from rutster.trunk.call_control import CallControlFailure
-from rutster.trunk.events import CallDirection
+from rutster.protocols.call_control import CallControlFailure
+from rutster.protocols.ingress import CallDirection
 from rutster.trunk.twilio.call_control import (
     CALL_SID_PATTERN,
     STATUS_CALLBACK_EVENTS,

@@ -8,15 +8,15 @@ import hmac
 
 import pytest
 
-from rutster.gateway.spend_settings import MEDIA_CONNECT_TIMEOUT_S
-from rutster.trunk.sip.gateway_routes import SIP_RING_TIMEOUT_S
-from rutster.trunk.twilio.stream_token import (
+from rutster.base.stream_token import (
     MIN_SECRET_BYTES,
     PARAM_TOKEN,
     STREAM_TOKEN_LIFETIME_S,
     StreamTokenSigner,
     TokenStatus,
 )
+from rutster.gateway.sip_routes import SIP_RING_TIMEOUT_S
+from rutster.gateway.spend_settings import MEDIA_CONNECT_TIMEOUT_S
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 CALL = "CA" + "0" * 32

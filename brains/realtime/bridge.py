@@ -29,6 +29,7 @@ from typing import Any
 from openai import AsyncOpenAI, OpenAIError
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from rutster.base.backoff import Backoff
 from rutster.brains.realtime.config import RealtimeBrainConfig
 from rutster.brains.realtime.translator import (
     AUTH_ERROR_CODES,
@@ -37,8 +38,7 @@ from rutster.brains.realtime.translator import (
     Actions,
     RealtimeTranslator,
 )
-from rutster.brains.tap import AudioIn, BrainError, BrainEvent, CoreEvent
-from rutster.gateway.backoff import Backoff
+from rutster.protocols.tap import AudioIn, BrainError, BrainEvent, CoreEvent
 
 log = logging.getLogger(__name__)
 

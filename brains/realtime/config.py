@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rutster.base.env_values import ConfigError, read_secret
 from rutster.brains.bind import BRAIN_BIND_ENV, parse_bind
-from rutster.brains.tap import ToolSpec
 from rutster.brains.tool_catalog import parse_tool_list
-from rutster.gateway.env_values import ConfigError, read_secret
+from rutster.protocols.tap import ToolSpec
 
 #: Default model: the GA ``gpt-realtime`` alias, the first model in the SDK's GA
 #: literal list (docs/PROVIDERS.md §5.1); a dated snapshot pins behaviour if wanted.

@@ -29,7 +29,8 @@ from rutster.brains.echo import LOG_FORMAT, _package_version
 from rutster.brains.realtime.bridge import RESUME_GRACE_S, AuthFailureLatch, RealtimeBridge
 from rutster.brains.realtime.config import REALTIME_PATH, RealtimeBrainConfig
 from rutster.brains.realtime.log_redaction import install_redaction
-from rutster.brains.tap import (
+from rutster.brains.tap_server import TapListener
+from rutster.protocols.tap import (
     BrainEvent,
     BrainHello,
     Bye,
@@ -44,7 +45,6 @@ from rutster.brains.tap import (
     UnknownTapEvent,
     wire_type,
 )
-from rutster.brains.tap_server import TapListener
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rutster.brains.realtime.config import RealtimeBrainConfig
-from rutster.brains.tap import (
+from rutster.media.formats import CANONICAL_SAMPLE_RATE, SAMPLE_WIDTH
+from rutster.protocols.tap import (
     MAX_AUDIO_OUT_SAMPLES,
     AdvisorySpeechStarted,
     AdvisorySpeechStopped,
@@ -51,7 +52,6 @@ from rutster.brains.tap import (
     SpeechStopped,
     Usage,
 )
-from rutster.media.formats import CANONICAL_SAMPLE_RATE, SAMPLE_WIDTH
 
 log = logging.getLogger(__name__)
 

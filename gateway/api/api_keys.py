@@ -24,10 +24,10 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.typing import EncodableT, FieldT
 
+from rutster.base.env_values import ConfigError, read_secret
 from rutster.gateway.api.errors import unauthorized
 from rutster.gateway.api.rate_limit import REDIS_UNAVAILABLE_ERRORS
 from rutster.gateway.api.schemas import API_KEY_PATTERN, KEY_LABEL_PATTERN, ROLES, TENANT_ID_PATTERN
-from rutster.gateway.env_values import ConfigError, read_secret
 from rutster.spend.store import StoreUnavailable
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
-from rutster.brains.tap import SessionEndReason
 from rutster.gateway.api.api_keys import (
     ADMIN_ENV_KEY_ID,
     ROLE_ADMIN,
@@ -69,14 +68,15 @@ from rutster.gateway.api.validation import (
 )
 from rutster.gateway.config import public_http_url
 from rutster.gateway.media_session import release_if_never_connected
+from rutster.gateway.sip_routes import cancel_sip_dial, dial_sip_call
 from rutster.gateway.spend_context import SpendContext
 from rutster.gateway.state import GatewayState
+from rutster.protocols.call_control import CallControlFailure
+from rutster.protocols.tap import SessionEndReason
 from rutster.spend.gate import Admission, AdmissionRequest, new_call_id, wall_ms
 from rutster.spend.limits import LimitsError, TenantLimits
 from rutster.spend.money import format_money, parse_money
 from rutster.spend.store import CallRecord, SpendTotals, StoreUnavailable, time_buckets
-from rutster.trunk.call_control import CallControlFailure
-from rutster.trunk.sip.gateway_routes import cancel_sip_dial, dial_sip_call
 from rutster.trunk.twilio.call_control import TwilioCallControl
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ import asyncio
 import logging
 import sys
 
-from rutster.gateway.env_values import ConfigError
-from rutster.gateway.log_format import setup_logging
+from rutster.base.env_values import ConfigError
+from rutster.base.log_format import setup_logging
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from rutster.gateway.backoff import Backoff
+from rutster.base.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

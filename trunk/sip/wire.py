@@ -38,7 +38,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from jsonschema.protocols import Validator
 
 from rutster.media.formats import Encoding, MediaFormat
-from rutster.trunk.events import (
+from rutster.protocols.ingress import (
     AudioReceived,
     CallContext,
     CallDirection,

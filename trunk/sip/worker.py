@@ -32,8 +32,8 @@ from typing import Any, Literal, cast
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from rutster.gateway.backoff import Backoff
-from rutster.trunk.events import ClearPlayback, PlaceMark, PlayAudio, UnknownIngressEvent
+from rutster.base.backoff import Backoff
+from rutster.protocols.ingress import ClearPlayback, PlaceMark, PlayAudio, UnknownIngressEvent
 from rutster.trunk.sip.access import (
     AccessAction,
     SipAccessPolicy,

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from rutster.gateway.env_values import ConfigError, env_bool, env_int, read_secret
-from rutster.trunk.twilio.stream_token import MIN_SECRET_BYTES
+from rutster.base.env_values import ConfigError, env_bool, env_int, read_secret
+from rutster.base.stream_token import MIN_SECRET_BYTES
 
 #: The gateway a worker dials when nothing is configured: ``rutster serve``'s default.
 DEFAULT_GATEWAY_URL = "ws://127.0.0.1:8080"

@@ -1,6 +1,6 @@
 """What the gateway holds about its SIP workers: their control links and the live legs' edges.
 
-Kept apart from the routes (``trunk/sip/gateway_routes.py``) so the gateway's
+Kept apart from the routes (``gateway/sip_routes.py``) so the gateway's
 state can own a registry and a call control without importing Starlette handlers.
 """
 
@@ -12,9 +12,13 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from rutster.gateway.ws_close import CLOSE_NORMAL, MAX_CLOSE_REASON_CHARS
-from rutster.trunk.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRING, CallControlFailure
-from rutster.trunk.events import IngressCommand
+from rutster.base.ws_close import CLOSE_NORMAL, MAX_CLOSE_REASON_CHARS
+from rutster.protocols.call_control import (
+    CHANNEL_COMPLETED,
+    CHANNEL_TRANSFERRING,
+    CallControlFailure,
+)
+from rutster.protocols.ingress import IngressCommand
 from rutster.trunk.sip.wire import ControlResult, HangUpLeg, SipMediaCodec, TransferLeg, WireError
 
 #: Time the worker gets to report a BYE/REFER outcome: a SIP transaction over UDP

@@ -27,7 +27,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from rutster.trunk.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRING, CallControlFailure
+from rutster.protocols.call_control import (
+    CHANNEL_COMPLETED,
+    CHANNEL_TRANSFERRING,
+    CallControlFailure,
+)
 from rutster.trunk.twilio.twiml import (
     E164_PATTERN,
     MAX_INLINE_TWIML_CHARS,

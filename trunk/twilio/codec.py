@@ -22,8 +22,9 @@ import binascii
 import json
 from typing import Any, assert_never
 
+from rutster.base.stream_token import PARAM_TOKEN
 from rutster.media.formats import TWILIO_MULAW_8K
-from rutster.trunk.events import (
+from rutster.protocols.ingress import (
     AudioReceived,
     CallContext,
     CallDirection,
@@ -40,7 +41,6 @@ from rutster.trunk.events import (
     StreamStopped,
     UnknownIngressEvent,
 )
-from rutster.trunk.twilio.stream_token import PARAM_TOKEN
 
 __all__ = [
     "DTMF_DIGITS",

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket
 
-from rutster.brains.tap import SessionEndReason
+from rutster.base.stream_token import StreamTokenSigner
+from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.gateway.call import Call
 from rutster.gateway.media_session import StreamEnded, release_if_never_connected, run_metered_call
 from rutster.gateway.media_socket import (
@@ -36,11 +37,11 @@ from rutster.gateway.media_socket import (
 )
 from rutster.gateway.spend_context import SpendContext
 from rutster.gateway.state import GatewayState
-from rutster.gateway.ws_close import CLOSE_POLICY_VIOLATION
-from rutster.spend.gate import AdmissionRequest
-from rutster.trunk.events import (
+from rutster.protocols.ingress import (
     IngressEvent,
 )
+from rutster.protocols.tap import SessionEndReason
+from rutster.spend.gate import AdmissionRequest
 from rutster.trunk.sip.wire import (
     PARAM_SPEND,
     PARAM_TAP_URL,
@@ -60,7 +61,6 @@ from rutster.trunk.sip.wire import (
     parse_control,
 )
 from rutster.trunk.sip.worker_links import CONTROL_RESULT_TIMEOUT_S, SipEdge, SipWorkerLink
-from rutster.trunk.twilio.stream_token import StreamTokenSigner
 
 log = logging.getLogger(__name__)
 

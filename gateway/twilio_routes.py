@@ -23,6 +23,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from rutster.base.stream_token import StreamTokenSigner
+from rutster.base.ws_close import CLOSE_NORMAL, CLOSE_POLICY_VIOLATION, MAX_CLOSE_REASON_CHARS
 from rutster.gateway.media_session import StreamEnded, release_if_never_connected, run_metered_call
 from rutster.gateway.media_socket import (
     await_start,
@@ -32,13 +34,12 @@ from rutster.gateway.media_socket import (
 )
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.state import GatewayState
-from rutster.gateway.ws_close import CLOSE_NORMAL, CLOSE_POLICY_VIOLATION, MAX_CLOSE_REASON_CHARS
-from rutster.spend.gate import AdmissionRequest
-from rutster.spend.store import StoreUnavailable
-from rutster.trunk.events import (
+from rutster.protocols.ingress import (
     IngressCommand,
     IngressEvent,
 )
+from rutster.spend.gate import AdmissionRequest
+from rutster.spend.store import StoreUnavailable
 from rutster.trunk.twilio.codec import (
     PARAM_DIRECTION,
     PARAM_FROM,
@@ -47,7 +48,6 @@ from rutster.trunk.twilio.codec import (
     TwilioStreamCodec,
 )
 from rutster.trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
-from rutster.trunk.twilio.stream_token import StreamTokenSigner
 from rutster.trunk.twilio.twiml import (
     connect_stream_twiml,
     reject_twiml,

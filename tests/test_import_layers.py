@@ -1,0 +1,56 @@
+"""The package layers hold, and the check that holds them fails on an upward import.
+
+``lint-imports`` (import-linter, contracts in pyproject.toml) runs in
+scripts/test over the installed namespace; here it runs over this checkout,
+and over a copy of it in which the bottom of the stack imports the top.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The package folders the rutster namespace links.
+PACKAGES = ("base", "protocols", "media", "spend", "brains", "trunk", "gateway")
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # First on the path: this tree's rutster, not the one the venv was installed from.
+    env["PYTHONPATH"] = str(root)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--config", str(root / "pyproject.toml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=root,
+    )
+
+
+def test_the_layers_hold() -> None:
+    done = _lint(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 kept, 0 broken" in done.stdout
+
+
+def test_an_upward_import_breaks_the_layers(tmp_path: Path) -> None:
+    (tmp_path / "rutster").mkdir()
+    shutil.copy(ROOT / "rutster" / "__init__.py", tmp_path / "rutster" / "__init__.py")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+        (tmp_path / "rutster" / name).symlink_to(Path("..") / name)
+    formats = tmp_path / "media" / "formats.py"
+    formats.write_text(formats.read_text() + "\nfrom rutster.gateway import call  # upward\n")
+
+    done = _lint(tmp_path)
+    assert done.returncode != 0
+    assert "0 kept, 1 broken" in done.stdout
+    assert "rutster.media is not allowed to import rutster.gateway" in done.stdout
+    assert "rutster.media.formats -> rutster.gateway.call" in done.stdout
