@@ -13,12 +13,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from rutster.spend.tenant_id import is_tenant_id
+
 #: ``<Parameter>`` name carrying the encoded context into ``start.customParameters``.
 PARAM_SPEND = "rutster_spend"
 #: Format version (first field), so a rolling upgrade can tell formats apart.
 CONTEXT_VERSION = "v1"
 _CALL_ID = re.compile(r"call_[0-9a-f]{1,64}")
-_TENANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _DIRECTIONS = ("inbound", "outbound")
 #: Most characters an encoded context may have (call id + tenant + numbers).
 MAX_CONTEXT_CHARS = 256
@@ -65,7 +66,7 @@ class SpendContext:
         if len(parts) != 8 or parts[0] != CONTEXT_VERSION:
             raise BadSpendContext("spend context has the wrong shape")
         _, call_id, tenant, direction, duration, cost, quantum, degraded = parts
-        if not _CALL_ID.fullmatch(call_id) or not _TENANT.fullmatch(tenant):
+        if not _CALL_ID.fullmatch(call_id) or not is_tenant_id(tenant):
             raise BadSpendContext("spend context has a malformed call id or tenant")
         if direction not in _DIRECTIONS or degraded not in ("0", "1"):
             raise BadSpendContext("spend context has a malformed direction or flag")

@@ -28,6 +28,7 @@ from rutster.spend.limits import LimitsError, TenantLimits
 from rutster.spend.money import parse_money
 from rutster.spend.prices import PriceFileError, PriceTable
 from rutster.spend.store import DEFAULT_PREFIX, LEDGER_MAX_ENTRIES, RECEIPT_RETENTION_S
+from rutster.spend.tenant_id import TENANT_ID_MAX_CHARS, is_tenant_id
 
 #: Where the embedded Redis keeps its data (and the spend journal lives) when
 #: ``RUTSTER_DATA_DIR`` is not set: a folder in the working directory.
@@ -53,7 +54,6 @@ DEFAULT_RETENTION_S = RECEIPT_RETENTION_S
 DEFAULT_LEDGER_MAX_ENTRIES = LEDGER_MAX_ENTRIES
 #: Names of configured brains usable in ``POST /v1/calls``: lowercase words.
 BRAIN_NAME_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,31}")
-TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 #: How long an admitted call may take to open its media stream before its admission
 #: is released (settled at zero, reason ``no_media``). Twilio opens the stream within
 #: a second or two of our TwiML; 30 s is far past that (seed decision).
@@ -169,9 +169,10 @@ class SpendSettings:
         default_tenant = env.get("RUTSTER_DEFAULT_TENANT", "").strip() or DEFAULT_TENANT
         by_number = env_pairs(env, "RUTSTER_TENANT_BY_NUMBER")
         for tenant in (default_tenant, *by_number.values()):
-            if not TENANT_PATTERN.fullmatch(tenant):
+            if not is_tenant_id(tenant):
                 raise ConfigError(
-                    f"tenant ids are lowercase letters, digits, - and _ (got {tenant!r})"
+                    "tenant ids are lowercase letters, digits, - and _, "
+                    f"1..{TENANT_ID_MAX_CHARS} long (got {tenant!r})"
                 )
         brains = env_pairs(env, "RUTSTER_BRAINS")
         for name in brains:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 #: Trails of ended calls kept in memory for inspection. Seed decision: the last
 #: few hundred calls; durable receipts are the spend gate's ledger (Redis).
 MAX_RECENT_TRAILS = 500
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,6 +68,8 @@ class GatewayState:
     stream_claims: StreamClaims = field(default_factory=StreamClaims)
     #: Admissions waiting for their media stream, by call id.
     media_watchers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    #: Work started without waiting for it (run_in_background), until it finishes.
+    background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def watch_media_connect(self, call_id: str, watcher: Coroutine[Any, Any, None]) -> None:
         """Run ``watcher`` (releases the admission if no stream opens) until the call's
@@ -81,6 +86,21 @@ class GatewayState:
                 del self.media_watchers[call_id]
 
         task.add_done_callback(forget)
+
+    def run_in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Start ``work`` without waiting for it (an API hang-up answers 202 at once).
+
+        A strong reference keeps the task alive until it finishes, and a failure is
+        logged rather than lost with the task.
+        """
+        task = asyncio.create_task(work, name=name)
+        self.background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("%s failed: %s", task.get_name(), exc, exc_info=exc)
 
     def media_connected(self, call_id: str) -> None:
         """The call's stream started in this process: its watcher is not needed."""

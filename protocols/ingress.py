@@ -63,9 +63,14 @@ class AudioReceived:
     timestamp_ms: int | None  # provider's stream clock, when it sends one
 
 
+#: Keypad events a call can carry: 0-9, *, # and A-D (RFC 4733 §3.2 events 0-15),
+#: whichever way they arrive (a provider's socket, a SIP leg, the tap protocol).
+DTMF_DIGITS = frozenset("0123456789*#ABCD")
+
+
 @dataclass(frozen=True, slots=True)
 class DtmfReceived:
-    """A keypad digit from the caller."""
+    """A keypad digit from the caller (one of :data:`DTMF_DIGITS`)."""
 
     digit: str
 

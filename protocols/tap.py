@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any, NoReturn, TypeAlias
 
 from rutster.media.formats import CANONICAL_FRAME_SAMPLES, CANONICAL_SAMPLE_RATE, SAMPLE_WIDTH
+from rutster.protocols.ingress import DTMF_DIGITS
 
 #: Protocol version carried in every envelope's ``v`` (TAP_PROTOCOL.md, v1).
 TAP_VERSION = 1
@@ -49,8 +50,6 @@ MAX_TYPE_CHARS = 64
 #: Seed decision: an id of 30,000 "é" was accepted and its 180 KB reply could
 #: not be sent (issue 14, finding 9).
 MAX_ID_CHARS = 256
-#: Keypad events a ``dtmf`` may carry: RFC 4733 §3.2 events 0-15.
-DTMF_DIGITS = frozenset("0123456789*#ABCD")
 #: Tool names: OpenAI's function-name rule (``^[a-zA-Z0-9_-]{1,64}$``), so a
 #: catalog is valid for the realtime brain and safe as a metrics label.
 TOOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -71,6 +71,7 @@ from rutster.spend.limits import (
     LimitsError,
     TenantLimits,
 )
+from rutster.spend.tenant_id import TENANT_ID_RE
 
 #: Default key prefix (design: issue 5).
 DEFAULT_PREFIX = "rutster"
@@ -144,13 +145,12 @@ LIST_MAX_BATCHES = 10
 #: active_calls: at most this many calls returned. Seed decision: a dashboard table.
 ACTIVE_LIST_MAX = 1_000
 
-#: Identifiers end up inside Redis keys; ':' is the key separator, so it is not allowed.
-TENANT_ID_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
+#: Identifiers end up inside Redis keys; ':' is the key separator, so it is not allowed
+#: (tenant ids: spend/tenant_id.py).
 CALL_ID_PATTERN = r"[A-Za-z0-9_.-]{1,128}"
 CAMPAIGN_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
 PREFIX_PATTERN = r"[A-Za-z0-9_.:-]{1,64}"
 END_REASON_PATTERN = r"[A-Za-z0-9_.:-]{1,64}"
-_TENANT_RE = re.compile(TENANT_ID_PATTERN)
 _CALL_RE = re.compile(CALL_ID_PATTERN)
 _CAMPAIGN_RE = re.compile(CAMPAIGN_PATTERN)
 _PREFIX_RE = re.compile(PREFIX_PATTERN)
@@ -326,7 +326,7 @@ class AdmitRequest:
 
     def __post_init__(self) -> None:
         _check_id("call id", self.call_id, _CALL_RE)
-        _check_id("tenant", self.tenant, _TENANT_RE)
+        _check_id("tenant", self.tenant, TENANT_ID_RE)
         _check_count("now_ms", self.now_ms, _MAX_UNIX_MS)
         _check_count("quantum", self.quantum, MAX_MONEY_MICROS)
         _check_count("max_cost", self.max_cost, MAX_CALL_COST_MICROS)
@@ -947,7 +947,7 @@ class SpendStore:
     ) -> tuple[list[CallRecord], str | None]:
         """A page of the tenant's calls, newest first, and the cursor of the next page
         (None at the end). A bad cursor or status raises ValueError."""
-        _check_id("tenant", tenant, _TENANT_RE)
+        _check_id("tenant", tenant, TENANT_ID_RE)
         _check_count("limit", limit, LIST_MAX_LIMIT, minimum=1)
         if status is not None and status not in CALL_STATUSES:
             raise ValueError(f"status must be one of {CALL_STATUSES}")
@@ -999,7 +999,7 @@ class SpendStore:
         """Calls holding a slot (globally, or for ``tenant``), soonest lease expiry first;
         at most ACTIVE_LIST_MAX."""
         if tenant is not None:
-            _check_id("tenant", tenant, _TENANT_RE)
+            _check_id("tenant", tenant, TENANT_ID_RE)
         key = self.keys.active if tenant is None else self.keys.tenant(tenant, "active")
         with _unavailable_as("active_calls"):
             members = cast(list[str], await self.redis.zrange(key, 0, ACTIVE_LIST_MAX - 1))
@@ -1014,7 +1014,7 @@ class SpendStore:
     ) -> TenantSpend:
         """Spent/reserved per day (YYYYMMDD) and month (YYYYMM), settled spend per hour
         (YYYYMMDDHH); missing buckets read as 0."""
-        _check_id("tenant", tenant, _TENANT_RE)
+        _check_id("tenant", tenant, TENANT_ID_RE)
         for day in days:
             _check_id("day", day, _DAY_RE)
         for month in months:
@@ -1068,7 +1068,7 @@ class SpendStore:
 
     async def get_tenant_limits(self, tenant: str) -> TenantLimits:
         """The tenant's limits (all 0 = unlimited when never set)."""
-        _check_id("tenant", tenant, _TENANT_RE)
+        _check_id("tenant", tenant, TENANT_ID_RE)
         with _unavailable_as("get_tenant_limits"):
             raw = await self.redis.hgetall(self.keys.tenant(tenant, "limits"))
         return TenantLimits.from_redis(cast(dict[str, str], raw))
@@ -1080,14 +1080,14 @@ class SpendStore:
         store it (:meth:`ensure_tenant_limits`); :meth:`get_tenant_limits` cannot tell
         "stored 0 (unlimited)" from "never stored" (both read 0), so it cannot show this.
         """
-        _check_id("tenant", tenant, _TENANT_RE)
+        _check_id("tenant", tenant, TENANT_ID_RE)
         with _unavailable_as("effective_tenant_limits"):
             raw = await self.redis.hgetall(self.keys.tenant(tenant, "limits"))
         return TenantLimits.from_redis(defaults.to_redis() | cast(dict[str, str], raw))
 
     async def set_tenant_limits(self, tenant: str, limits: TenantLimits) -> None:
         """Replace the tenant's limits (every field written)."""
-        _check_id("tenant", tenant, _TENANT_RE)
+        _check_id("tenant", tenant, TENANT_ID_RE)
         if not isinstance(limits, TenantLimits):
             raise TypeError("limits must be a TenantLimits")
         with _unavailable_as("set_tenant_limits"):
@@ -1100,7 +1100,7 @@ class SpendStore:
     async def ensure_tenant_limits(self, tenant: str, defaults: TenantLimits) -> TenantLimits:
         """The tenant's limits, storing ``defaults`` for any field never set (atomically:
         an operator's concurrent set_tenant_limits is never overwritten)."""
-        _check_id("tenant", tenant, _TENANT_RE)
+        _check_id("tenant", tenant, TENANT_ID_RE)
         if not isinstance(defaults, TenantLimits):
             raise TypeError("defaults must be a TenantLimits")
         key = self.keys.tenant(tenant, "limits")

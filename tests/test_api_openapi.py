@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
+from rutster.base.strict_schema import ecma_regex
 from rutster.gateway.api import errors
 from rutster.gateway.api.errors import ApiError
 from rutster.gateway.api.openapi import build_openapi
@@ -30,7 +31,7 @@ from rutster.gateway.api.schemas import (
     TENANT_LIMITS_SCHEMA,
     Schema,
 )
-from rutster.gateway.api.validation import ecma_regex, parse_json_body
+from rutster.gateway.api.validation import parse_json_body
 
 #: The endpoints of docs/SPEND.md ("The REST API"), with the request schema each one validates with.
 ENDPOINTS: dict[tuple[str, str], Schema | None] = {

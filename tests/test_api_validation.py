@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from rutster.base.strict_schema import ecma_regex
 from rutster.gateway.api import errors
 from rutster.gateway.api.errors import ApiError, error_response, handle_api_error
 from rutster.gateway.api.schemas import (
@@ -38,7 +39,6 @@ from rutster.gateway.api.schemas import (
     REQUEST_SCHEMAS,
     RESPONSE_SCHEMAS,
     SPEND_QUERY_SCHEMA,
-    TENANT_ID_PATTERN,
     TENANT_LIMITS_SCHEMA,
     Schema,
 )
@@ -48,7 +48,6 @@ from rutster.gateway.api.validation import (
     CallsQuery,
     SpendQuery,
     check_path_param,
-    ecma_regex,
     parse_calls_query,
     parse_create_call_body,
     parse_json_body,
@@ -57,6 +56,7 @@ from rutster.gateway.api.validation import (
     require_json_content_type,
     validator_for,
 )
+from rutster.spend.tenant_id import TENANT_ID_PATTERN
 
 MINIMAL_CALL = {"to": "+15551234567", "from": "+15557654321", "provider": "twilio"}
 FULL_CALL = {

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rutster.protocols.ingress import (
+    DTMF_DIGITS,
     AudioReceived,
     CallContext,
     CallDirection,
@@ -26,7 +27,6 @@ from rutster.protocols.ingress import (
 )
 from rutster.trunk.sip.wire import (
     CONTROL_SCHEMAS,
-    DTMF_DIGITS,
     MAX_AUDIO_FRAME_BYTES,
     MAX_CONTROL_BYTES,
     MAX_HEADER_NAME_CHARS,

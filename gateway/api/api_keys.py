@@ -27,8 +27,9 @@ from redis.typing import EncodableT, FieldT
 from rutster.base.env_values import ConfigError, read_secret
 from rutster.gateway.api.errors import unauthorized
 from rutster.gateway.api.rate_limit import REDIS_UNAVAILABLE_ERRORS
-from rutster.gateway.api.schemas import API_KEY_PATTERN, KEY_LABEL_PATTERN, ROLES, TENANT_ID_PATTERN
+from rutster.gateway.api.schemas import API_KEY_PATTERN, KEY_LABEL_PATTERN, ROLES
 from rutster.spend.store import StoreUnavailable
+from rutster.spend.tenant_id import TENANT_ID_PATTERN
 
 log = logging.getLogger(__name__)
 

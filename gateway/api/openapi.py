@@ -19,10 +19,10 @@ from rutster.gateway.api.schemas import (
     REQUEST_SCHEMAS,
     RESPONSE_SCHEMAS,
     SPEND_QUERY_SCHEMA,
-    TENANT_ID_PATTERN,
     Schema,
 )
 from rutster.gateway.api.validation import MAX_BODY_BYTES
+from rutster.spend.tenant_id import TENANT_ID_PATTERN
 
 #: OpenAPI version of the document (3.1: schemas are plain JSON Schema 2020-12).
 OPENAPI_VERSION = "3.1.0"

@@ -13,7 +13,6 @@ has no tenant: its reads name one (``?tenant=``). Each path is one
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -26,12 +25,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
 from rutster.gateway.api.api_keys import (
-    ADMIN_ENV_KEY_ID,
-    ROLE_ADMIN,
     KeyStoreUnavailable,
     Principal,
-    parse_bearer,
 )
+from rutster.gateway.api.api_keys import authenticate as authenticate_header
 from rutster.gateway.api.dispatch import allow_header, resource
 from rutster.gateway.api.errors import (
     ApiError,
@@ -44,7 +41,6 @@ from rutster.gateway.api.errors import (
     provider_error,
     rate_limited,
     refused,
-    unauthorized,
     unavailable,
 )
 from rutster.gateway.api.openapi import build_openapi
@@ -53,7 +49,6 @@ from rutster.gateway.api.schemas import (
     CALL_ID_PATTERN,
     CREATE_KEY_SCHEMA,
     KILL_SWITCH_SCHEMA,
-    TENANT_ID_PATTERN,
     TENANT_LIMITS_SCHEMA,
 )
 from rutster.gateway.api.validation import (
@@ -77,6 +72,7 @@ from rutster.spend.gate import Admission, AdmissionRequest, new_call_id, wall_ms
 from rutster.spend.limits import LimitsError, TenantLimits
 from rutster.spend.money import format_money, parse_money
 from rutster.spend.store import CallRecord, SpendTotals, StoreUnavailable, time_buckets
+from rutster.spend.tenant_id import TENANT_ID_PATTERN
 from rutster.trunk.twilio.call_control import TwilioCallControl
 
 log = logging.getLogger(__name__)
@@ -121,18 +117,14 @@ def iso_time(ms: int | str | None) -> str | None:
 async def authenticate(request: Request) -> Principal:
     """Who is calling (401 if nobody we know), after the per-key rate limit (429)."""
     state = _state(request)
-    token = parse_bearer(request.headers.get("authorization"))
-    if token is None:
-        raise unauthorized("send 'Authorization: Bearer <API key>'")
-    principal: Principal | None
-    if state.admin_key is not None and state.admin_key.check(token):
-        principal = Principal(tenant=None, role=ROLE_ADMIN, key_id=ADMIN_ENV_KEY_ID)
-    else:
-        assert state.api_keys is not None
-        principal = await state.api_keys.lookup(token)
-    if principal is None:
+    assert state.api_keys is not None
+    try:
+        principal = await authenticate_header(
+            request.headers.get("authorization"), keys=state.api_keys, admin_key=state.admin_key
+        )
+    except ApiError:
         state.metrics.api_auth_failures.inc()
-        raise unauthorized("unknown or revoked API key")
+        raise
     assert state.rate_limiter is not None
     decision = await state.rate_limiter.check(principal.key_id, wall_ms())
     if not decision.allowed:
@@ -439,7 +431,9 @@ async def delete_call(request: Request, principal: Principal) -> Response:
         raise conflict(f"call {record['id']} has already ended")
     local = state.calls_by_id.get(record["id"])
     if local is not None:
-        asyncio.create_task(hang_up_local_call(state, record["id"]))  # noqa: RUF006
+        state.run_in_background(
+            hang_up_local_call(state, record["id"]), name=f"{record['id']}:api-hangup"
+        )
     elif status == "in_progress":
         assert state.control_channel is not None
         delivered = await state.control_channel.send(record["node"], "hangup", record["id"])

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from rutster.gateway.api.errors import ERROR_CODES
+from rutster.spend.tenant_id import TENANT_ID_MAX_CHARS, TENANT_ID_PATTERN
 
 Schema = dict[str, Any]
 
@@ -61,9 +62,6 @@ MAX_METADATA_VALUE_CHARS = 256
 #: (docs/SPEND.md, ``P:call:{id}``); the per-entry caps above allow more than that in
 #: the worst case, so the serialized size is checked too (validation.py).
 MAX_METADATA_JSON_BYTES = 2048
-#: Tenant ids: lowercase, 1..63 chars (a DNS label's length, RFC 1035 §2.3.4),
-#: so a tenant id is safe in Redis keys, URLs, metric labels and file names.
-TENANT_ID_MAX_CHARS = 63
 #: API key labels: a short human note ("ci", "prod dialer").
 MAX_KEY_LABEL_CHARS = 64
 #: Tenant concurrency ceiling: far above what one deployment runs (a gateway
@@ -109,7 +107,6 @@ _BRAIN_URL_CHAR = r'[!-"$&->@-~]'
 #: A brain: a configured name or a ws(s) URL (the tap allowlist checks the host).
 BRAIN_PATTERN = rf"^(?:{BRAIN_NAME_PATTERN[1:-1]}|wss?://{_BRAIN_URL_CHAR}+)$"
 CAMPAIGN_PATTERN = rf"^[A-Za-z0-9_.-]{{1,{MAX_CAMPAIGN_CHARS}}}$"
-TENANT_ID_PATTERN = rf"^[a-z0-9][a-z0-9_-]{{0,{TENANT_ID_MAX_CHARS - 1}}}$"
 #: Any USD amount: up to 7 integer digits, up to 6 decimals.
 MONEY_PATTERN = rf"^[0-9]{{1,{MONEY_MAX_INTEGER_DIGITS}}}(?:\.[0-9]{{1,{MONEY_MAX_DECIMALS}}})?$"
 _CALL_COST_BODY = (

@@ -2,7 +2,8 @@
 
 Bodies are parsed strictly (UTF-8, one JSON object, no duplicate keys, no
 NaN/Infinity, no giant integers, no lone surrogates) and then checked against
-the schemas in :mod:`gateway.api.schemas` with ``jsonschema`` (draft 2020-12).
+the schemas in :mod:`gateway.api.schemas` with ``jsonschema`` (draft 2020-12,
+strict about integers and ``$``: :mod:`rutster.base.strict_schema`).
 A number with a zero fractional part (``6000.0``, ``6e3``) is an integer, as in
 JSON Schema 2020-12, and is handed on as a Python ``int``. When several
 things are wrong, ``jsonschema.exceptions.best_match`` picks one
@@ -13,20 +14,19 @@ what is wrong with it in words, never a dump of the offending value.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, NoReturn
 
-from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 from jsonschema.protocols import Validator
 from starlette.requests import ClientDisconnect, Request
 
+from rutster.base.strict_schema import StrictValidator, ecma_regex
 from rutster.gateway.api.errors import (
     invalid_request,
     payload_too_large,
@@ -67,39 +67,6 @@ _TYPE_WORDS = {
     "null": "null",
 }
 
-
-def _is_strict_integer(_checker: object, instance: object) -> bool:
-    # Integral numbers (60.0) are already ints (see _parse_float), so a float here
-    # has a fractional part, even if float rounding hid it (1e-400 reads as 0.0,
-    # which jsonschema's own check would take for an integer).
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
-@functools.lru_cache(maxsize=256)
-def ecma_regex(pattern: str) -> re.Pattern[str]:
-    """Compile a schema ``pattern`` so that a final ``$`` means end of string, as in ECMA-262.
-
-    Python's ``$`` also matches before a trailing newline, so ``"+15551234567\\n"``
-    would pass ``^\\+[0-9]+$``; ``\\Z`` does not.
-    """
-    if pattern.endswith("$") and not pattern.endswith("\\$"):
-        pattern = pattern[:-1] + r"\Z"
-    return re.compile(pattern)
-
-
-def _pattern(
-    _validator: Validator, pattern: str, instance: object, _schema: object
-) -> Iterator[ValidationError]:
-    if isinstance(instance, str) and ecma_regex(pattern).search(instance) is None:
-        yield ValidationError(f"does not match {pattern!r}")
-
-
-#: Draft 2020-12 with integers that are really integers and ECMA-262 ``$``.
-StrictValidator = validators.extend(  # type: ignore[no-untyped-call]
-    Draft202012Validator,
-    validators={"pattern": _pattern},
-    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_strict_integer),
-)
 
 # Compiled validators, by schema identity (the schemas are module constants).
 _VALIDATORS: dict[int, tuple[Schema, Validator]] = {}

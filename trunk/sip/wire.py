@@ -28,17 +28,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from functools import cache
 from typing import Any, ClassVar, assert_never
 
-from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 from jsonschema.protocols import Validator
 
+from rutster.base.strict_schema import StrictValidator, ecma_regex, is_json_integer
 from rutster.media.formats import Encoding, MediaFormat
 from rutster.protocols.ingress import (
+    DTMF_DIGITS,
     AudioReceived,
     CallContext,
     CallDirection,
@@ -57,7 +57,6 @@ from rutster.protocols.ingress import (
 
 __all__ = [
     "CONTROL_SCHEMAS",
-    "DTMF_DIGITS",
     "MAX_AUDIO_FRAME_BYTES",
     "MAX_CONTROL_BYTES",
     "MAX_HEADERS",
@@ -144,8 +143,6 @@ MIN_SIP_CODE = 100
 PROVIDER = "sip"
 #: The only media format of protocol 1: what the worker's AudioMediaPort produces.
 SIP_L16_16K = MediaFormat(Encoding.L16, 16_000)
-#: Keypad events: 0-9, *, # and A-D (RFC 4733 §3.2 events 0-15).
-DTMF_DIGITS = frozenset("0123456789*#ABCD")
 #: Stop reasons the worker sends today (any snake_case label is accepted).
 STOP_REASONS = ("remote_bye", "hangup", "transferred", "error")
 #: ``custom_parameters`` keys of the StreamStarted built from a ``start``.
@@ -316,39 +313,11 @@ WORKER_COMMAND_SCHEMAS: Mapping[str, Mapping[str, Any]] = {
 }
 
 
-@cache
-def _regex(pattern: str) -> re.Pattern[str]:
-    # JSON Schema patterns are ECMA-262, where "$" is the very end; Python's "$" would
-    # also match before a final newline ("call_1\n").
-    if pattern.endswith("$") and not pattern.endswith("\\$"):
-        pattern = pattern[:-1] + r"\Z"
-    return re.compile(pattern)
-
-
-def _pattern(
-    _validator: Validator, pattern: str, instance: object, _schema: object
-) -> Iterator[ValidationError]:
-    if isinstance(instance, str) and _regex(pattern).search(instance) is None:
-        yield ValidationError("does not match its pattern")
-
-
-def _is_integer(_checker: object, instance: object) -> bool:
-    # jsonschema counts 486.0 and True as integers; a SIP code must be a real int.
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
-_WireValidator = validators.extend(  # type: ignore[no-untyped-call]
-    Draft202012Validator,
-    validators={"pattern": _pattern},
-    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
-)
-
-
 def _compile(schemas: Mapping[str, Mapping[str, Any]]) -> dict[str, Validator]:
     compiled: dict[str, Validator] = {}
     for name, schema in schemas.items():
-        _WireValidator.check_schema(schema)
-        compiled[name] = _WireValidator(schema)
+        StrictValidator.check_schema(schema)
+        compiled[name] = StrictValidator(schema)
     return compiled
 
 
@@ -467,7 +436,7 @@ def parse_control(text: str) -> ControlMessage:
     if cls is None:
         raise WireError("unknown_type", f"unknown message type {_quote(kind)}")
     protocol = message.get("protocol")
-    if cls is Hello and _is_integer(None, protocol) and protocol != PROTOCOL_VERSION:
+    if cls is Hello and is_json_integer(protocol) and protocol != PROTOCOL_VERSION:
         raise WireError("unsupported_protocol", f"protocol {protocol} is not {PROTOCOL_VERSION}")
     _validate(_CONTROL_VALIDATORS[kind], message, WireError, "schema")
     return cls(**{_attr_name(k): v for k, v in message.items() if k != "type"})
@@ -492,7 +461,7 @@ def bound_headers(headers: Mapping[str, str]) -> dict[str, str]:
             break
         if (
             len(name) <= MAX_HEADER_NAME_CHARS
-            and _regex(_HEADER_NAME).search(name)
+            and ecma_regex(_HEADER_NAME).search(name)
             and name.lower() not in SECRET_HEADERS
         ):
             bounded[name] = _CONTROL_CHARS.sub(" ", value[:MAX_HEADER_VALUE_CHARS])
@@ -605,7 +574,7 @@ class SipMediaCodec:
             raise IngressProtocolError("duplicate_start", "second start", fatal=True)
         encoding = body.get("encoding", Encoding.L16.value)
         rate = body.get("sample_rate", SIP_L16_16K.sample_rate)
-        if encoding != Encoding.L16.value or not _is_integer(None, rate) or rate != 16_000:
+        if encoding != Encoding.L16.value or not is_json_integer(rate) or rate != 16_000:
             raise IngressProtocolError(
                 "unsupported_media_format",
                 f"{_quote(encoding)}/{_quote(rate)} is not l16/16000 (protocol 1)",

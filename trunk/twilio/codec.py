@@ -25,6 +25,7 @@ from typing import Any, assert_never
 from rutster.base.stream_token import PARAM_TOKEN
 from rutster.media.formats import TWILIO_MULAW_8K
 from rutster.protocols.ingress import (
+    DTMF_DIGITS,
     AudioReceived,
     CallContext,
     CallDirection,
@@ -43,7 +44,6 @@ from rutster.protocols.ingress import (
 )
 
 __all__ = [
-    "DTMF_DIGITS",
     "MAX_EVENT_NAME_CHARS",
     "MAX_MEDIA_PAYLOAD_BYTES",
     "MAX_MESSAGE_CHARS",
@@ -76,8 +76,6 @@ _OUTBOUND_PREFIX = "outbound"
 _TWILIO_ENCODING = "audio/x-mulaw"
 #: Track name of caller audio in ``media`` messages (§1.3); absent means inbound too.
 _INBOUND_TRACK = "inbound"
-#: Keypad events a ``dtmf`` message can carry: 0-9, *, # and A-D (RFC 4733 §3.2 events 0-15).
-DTMF_DIGITS = frozenset("0123456789*#ABCD")
 
 #: Compact separators: smaller frames, and the hand-built media frame below uses the same style.
 _JSON_SEPARATORS = (",", ":")
