@@ -1,6 +1,6 @@
 """The reflex loop's figures, per phone line, on a split of the evaluation corpus.
 
-Everything runs on the virtual-time rig (``gateway/engine_rig.py``), which
+Everything runs on the virtual-time rig (``tests/support/engine_rig.py``), which
 drives the production per-call media engine (``gateway/media_engine.py``,
 the object ``Call`` drives): transforms, VAD, echo gate, reflex loop,
 playout, pacer, ledger, marks and clears. The provider side plays what it
@@ -65,7 +65,10 @@ import numpy as np
 
 from bench.eval_corpus import NoiseBurst, Utterance, noise_bursts, scale_to_dbfs, utterances
 from rutster.brains.realtime.mock_voice import synthesize_reply
-from rutster.gateway.engine_rig import (
+from rutster.gateway.reflex import PAUSE_ON, PAUSE_PROBABILITY, PauseOn, ReflexConfig
+from rutster.gateway.server import limit_numeric_threads
+from rutster.protocols.tap import SpeechStarted, SpeechStopped
+from tests.support.engine_rig import (
     RATE,
     EchoPath,
     InterruptingCaller,
@@ -74,9 +77,6 @@ from rutster.gateway.engine_rig import (
     ScriptedBrain,
     on_the_line,
 )
-from rutster.gateway.reflex import PAUSE_ON, PAUSE_PROBABILITY, PauseOn, ReflexConfig
-from rutster.gateway.server import limit_numeric_threads
-from rutster.protocols.tap import SpeechStarted, SpeechStopped
 
 #: Interruptions in a row per call (the issue: at least 10).
 INTERRUPTIONS_PER_CALL = 12

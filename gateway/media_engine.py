@@ -28,7 +28,7 @@ returns.
   deadline to *now* (new audio, a clear, a resume), so the driver wakes its pacer.
 
 ``gateway.call.Call`` is the production driver (asyncio); the virtual-time
-rig (``gateway/engine_rig.py``), the reflex tests and ``bench/reflex.py``
+rig (``tests/support/engine_rig.py``), the reflex tests and ``bench/reflex.py``
 drive this same object.
 
 **What a brain declares** (its ``hello``; docs/TAP_PROTOCOL.md): a brain

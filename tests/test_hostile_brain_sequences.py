@@ -6,7 +6,7 @@ sequence. Here each seed draws one: bursts of up to a second per message,
 floods of tiny messages (1-30 samples) at once or trickled, clears, real-time
 streams with jitter, hellos again, and the connection dropping and coming
 back, over 20 s of virtual time on the engine the gateway runs
-(``gateway/engine_rig.py``, whose provider plays what it is sent in real time
+(``tests/support/engine_rig.py``, whose provider plays what it is sent in real time
 as Twilio does). Whatever the sequence, the audio waiting at the provider
 never exceeds the pacer's lead.
 """
@@ -18,9 +18,9 @@ import random
 import numpy as np
 import pytest
 
-from rutster.gateway.engine_rig import LINE_RATE, ReflexRig
 from rutster.media.pacer import DEFAULT_LEAD_MS
 from rutster.protocols.tap import AudioClear, AudioOut, BrainHello
+from tests.support.engine_rig import LINE_RATE, ReflexRig
 
 #: Seeds drawn (each one call of SEQUENCE_S); fixed so a failure repeats.
 SEEDS = range(40)

@@ -1,6 +1,6 @@
 """The per-call media engine: what a brain declares, full-duplex brains, the driver contract.
 
-The rig (``gateway/engine_rig.py``) drives the same ``MediaEngine`` that
+The rig (``tests/support/engine_rig.py``) drives the same ``MediaEngine`` that
 ``Call`` drives; the last test drives it through the gateway under uvicorn,
 with a full-duplex brain that interrupts itself over a real WebSocket.
 """
@@ -20,7 +20,6 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from rutster.brains.realtime.mock_voice import synthesize_reply
-from rutster.gateway.engine_rig import LINE_RATE, RATE, ReflexRig
 from rutster.gateway.media_engine import BadInput, BrainAudio, MediaEngine
 from rutster.media.echo_gate import EchoGate
 from rutster.media.formats import (
@@ -49,6 +48,7 @@ from rutster.protocols.tap import (
 )
 from rutster.trunk.twilio.simulator import media_message
 from tests.conftest import eventually, gateway_config, serve_gateway
+from tests.support.engine_rig import LINE_RATE, RATE, ReflexRig
 from tests.test_gateway_calls import start_stream
 
 REPLY = synthesize_reply(4_000)

@@ -1,6 +1,6 @@
 """The reflex loop on a virtual clock: real speech over assistant playout, echo, noise.
 
-The rig (``gateway/engine_rig.py``) drives the production per-call media
+The rig (``tests/support/engine_rig.py``) drives the production per-call media
 engine, the object ``Call`` drives, through a Twilio-like provider and a
 phone line (8 kHz μ-law both ways, echo built from what the provider played).
 """
@@ -12,7 +12,14 @@ import pytest
 
 from bench.eval_corpus import Utterance
 from rutster.brains.realtime.mock_voice import synthesize_reply
-from rutster.gateway.engine_rig import (
+from rutster.gateway.reflex import ClearProvider, PauseOn, ReflexConfig, ReflexState
+from rutster.media.endpointing import frame_level_dbfs
+from rutster.media.resample import StreamResampler
+from rutster.protocols.ingress import ClearPlayback
+from rutster.protocols.tap import SpeechStarted, SpeechStopped
+from rutster.trunk.twilio.simulator import read_wav_8k
+from tests.conftest import SPEECH_WAV
+from tests.support.engine_rig import (
     FRAME_MS,
     RATE,
     EchoPath,
@@ -21,13 +28,6 @@ from rutster.gateway.engine_rig import (
     ReflexRig,
     ScriptedBrain,
 )
-from rutster.gateway.reflex import ClearProvider, PauseOn, ReflexConfig, ReflexState
-from rutster.media.endpointing import frame_level_dbfs
-from rutster.media.resample import StreamResampler
-from rutster.protocols.ingress import ClearPlayback
-from rutster.protocols.tap import SpeechStarted, SpeechStopped
-from rutster.trunk.twilio.simulator import read_wav_8k
-from tests.conftest import SPEECH_WAV
 
 #: Fluent speech in the fixture (no noise bursts): 9-14 s.
 CALLER_FROM_S = 9.0

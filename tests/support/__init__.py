@@ -1,0 +1,1 @@
+"""Test support: doubles and rigs the tests (and the benchmarks) use; never shipped."""
