@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
+from rutster.base.strict_schema import ecma_regex
 from rutster.gateway.api.api_keys import (
     KeyStoreUnavailable,
     Principal,
@@ -49,6 +50,7 @@ from rutster.gateway.api.schemas import (
     CALL_ID_PATTERN,
     CREATE_KEY_SCHEMA,
     KILL_SWITCH_SCHEMA,
+    PROVIDER_NAME_PATTERN,
     TENANT_LIMITS_SCHEMA,
 )
 from rutster.gateway.api.validation import (
@@ -195,6 +197,12 @@ def call_status(record: CallRecord) -> str:
 FAILED_END_REASONS = frozenset({"failed", "busy", "no_answer", "canceled", "provider_error"})
 
 
+def _provider_name(stored: str) -> str:
+    """The provider a call record names, as it is (a newer node may record one this node
+    does not know); "unknown" for anything that is not a provider name at all."""
+    return stored if ecma_regex(PROVIDER_NAME_PATTERN).search(stored) else "unknown"
+
+
 def call_resource(record: CallRecord, *, live_cost: int | None = None) -> dict[str, Any]:
     """The API's call resource for a stored call."""
     outbound = record["direction"] == "outbound"
@@ -203,7 +211,7 @@ def call_resource(record: CallRecord, *, live_cost: int | None = None) -> dict[s
         "tenant": record["tenant"],
         "status": call_status(record),
         "direction": "outbound" if outbound else "inbound",
-        "provider": record["provider"] if record["provider"] in ("twilio", "sip") else "twilio",
+        "provider": _provider_name(record["provider"]),
         "from": record["caller"],
         "to": record["to"],
         "brain": record["brain"] or None,

@@ -133,8 +133,11 @@ DAY_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
 HOUR_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:00:00Z$"
 
 #: Human hint per pattern, used as the error message when a value fails it.
+#: A provider's name as a call record may hold it (lowercase word).
+PROVIDER_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 PATTERN_HINTS: dict[str, str] = {
     E164_PATTERN: "must match E.164 like +15551234567",
+    PROVIDER_NAME_PATTERN: "must be a provider name: a lowercase word like twilio or sip",
     CALL_TO_PATTERN: (
         "must be an E.164 number like +15551234567 (or a sip: URI like "
         "sip:alice@pbx.example.com for provider 'sip')"
@@ -419,7 +422,9 @@ CALL_SCHEMA: Schema = {
         "tenant": {"type": "string", "pattern": TENANT_ID_PATTERN},
         "status": {"type": "string", "enum": list(CALL_STATUSES)},
         "direction": {"type": "string", "enum": list(DIRECTIONS)},
-        "provider": {"type": "string", "enum": list(PROVIDERS)},
+        # What the record says: one of PROVIDERS here, and whatever provider a newer
+        # gateway node recorded during a rolling upgrade ("unknown" if unreadable).
+        "provider": {"type": "string", "pattern": PROVIDER_NAME_PATTERN},
         "from": {"type": "string"},
         "to": {"type": "string"},
         "brain": {"type": ["string", "null"]},
