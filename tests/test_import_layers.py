@@ -24,7 +24,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
     # First on the path: this tree's rutster, not the one the venv was installed from.
     env["PYTHONPATH"] = str(root)
     return subprocess.run(
-        [str(LINT_IMPORTS), "--no-cache", "--config", str(root / "pyproject.toml")],
+        [str(LINT_IMPORTS), "--no-logo", "--no-cache", str(root / "pyproject.toml")],
         capture_output=True,
         text=True,
         timeout=120,
