@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -112,8 +113,12 @@ def _describe_call(gateway: RunningGateway, call_id: str) -> str:
 
 @pytest.mark.parametrize("goodbye", [None, "Your budget is used up. Goodbye."])
 async def test_outbound_call_is_ended_by_the_gate_at_its_max_cost(
-    speech_pcm: bytes, goodbye: str | None
+    speech_pcm: bytes, goodbye: str | None, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # The call's and the tap client's info lines (the brain connection, session_end sent
+    # or not, the end): a run in which the brain never saw session_end (seen once in a
+    # full suite, 2026-12-06) shows in its report what the gateway did.
+    caplog.set_level(logging.INFO, logger="rutster.gateway")
     async with outbound_rig(speech_pcm, goodbye_text=goodbye) as rig:
         brain, fake, callee, gateway, client = (
             rig.brain, rig.fake, rig.callee, rig.gateway, rig.client
