@@ -187,7 +187,7 @@ def onset_and_end_s(pcm24: bytes) -> tuple[float, float]:
     The first 20 ms frame of a run of ONSET_RUN_FRAMES within
     ONSET_BELOW_ACTIVE_DB of the utterance's loud level (its 90th-percentile
     frame level), and the last such frame, as the line
-    carries it (``gateway.engine_rig.on_the_line``: a DC step that opens some
+    carries it (``tests.support.engine_rig.on_the_line``: a DC step that opens some
     recordings is no speech and no line carries it).
     """
     levels = frame_levels(on_the_line(pcm24))

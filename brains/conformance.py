@@ -6,7 +6,7 @@ reports PASS, FAIL or SKIP per rule. It dials the brain like the core does
 (websockets, ``max_size`` 128 KiB, no compression), sends ``hello``, scripted
 caller turns, a barge-in, a marker-tone turn, unknown events, a DTMF digit, a
 resumed connection and ``session_end``, and decodes every message the brain
-sends with the project's own :class:`~brains.tap.TapDecoder`.
+sends with the project's own :class:`~protocols.tap.TapDecoder`.
 
 How the script behaves (so a brain author knows what to expect):
 

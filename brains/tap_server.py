@@ -1,7 +1,7 @@
 """A brain's listening socket for the core's tap connections.
 
 Every Python brain listens the same way: one WebSocket path (others get 404),
-frames bounded by the tap's :data:`~brains.tap.MAX_MESSAGE_BYTES`, no
+frames bounded by the tap's :data:`~protocols.tap.MAX_MESSAGE_BYTES`, no
 permessage-deflate, port 0 allowed for tests. :class:`TapListener` is that
 part; the brains supply the per-connection handler.
 """

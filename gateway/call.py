@@ -1,7 +1,7 @@
 """The per-call object: the asyncio driver of one call's media engine, tap client and spend.
 
 One ``Call`` exists per live media stream. It is provider-neutral: a trunk
-adapter feeds it :mod:`trunk.events` and gives it a ``CallEdge`` to send
+adapter feeds it :mod:`protocols.ingress` and gives it a ``CallEdge`` to send
 commands back. Everything done to the audio (transforms, reflex loop,
 playout, pacer, ledger, mark and clear policy) is the sans-I/O
 :class:`~gateway.media_engine.MediaEngine`; this module only feeds it events

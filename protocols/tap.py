@@ -147,7 +147,7 @@ class CallInfo:
     """The call a session belongs to (``hello.call``); ``from_`` is wire ``from``."""
 
     id: str
-    direction: str  # "in" | "out" (trunk.events.CallDirection values)
+    direction: str  # "in" | "out" (protocols.ingress.CallDirection values)
     from_: str
     to: str
     provider: str

@@ -66,7 +66,7 @@ def load_invalid_cases() -> list[InvalidCase]:
 class LenientCase:
     """A message a decoder for ``direction`` must accept, reading some values as defaults.
 
-    ``event`` names the :mod:`brains.tap` class it decodes to and ``fields``
+    ``event`` names the :mod:`protocols.tap` class it decodes to and ``fields``
     the expected attributes as JSON (enums as their values, tuples as arrays).
     Our encoder never writes these frames, so they cannot be golden fixtures.
     """

@@ -9,7 +9,7 @@ Two WebSocket channels (the issue-6 design, "Control channel" and "Media channel
   :func:`parse_control` / :func:`encode_control` raise :class:`WireError`.
 * media, one per answered call (``/sip/stream``): JSON text frames with an ``"event"``
   and binary frames of L16 (s16le) mono 16 kHz audio. :class:`SipMediaCodec` is the
-  gateway end (parses into :mod:`trunk.events`, like the Twilio codec);
+  gateway end (parses into :mod:`protocols.ingress`, like the Twilio codec);
   :class:`WorkerMediaCodec` is the worker end.
 
 Every message is checked against a JSON Schema (draft 2020-12, one per message type,
@@ -18,7 +18,7 @@ message the peer would refuse is a bug at the sender. Error ``reason`` labels:
 ``too_large``, ``malformed_json``, ``not_an_object``, ``missing_type`` /
 ``missing_event``, ``unknown_type`` (control: a newer peer, count and drop),
 ``unsupported_protocol``, ``schema``, ``payload_too_large``, ``odd_length``.
-:class:`SipMediaCodec` raises :class:`~trunk.events.IngressProtocolError` with the
+:class:`SipMediaCodec` raises :class:`~protocols.ingress.IngressProtocolError` with the
 same labels plus ``bad_field``, ``media_before_start``, ``message_after_stop``
 (dropped) and the fatal ``bad_start``, ``unsupported_media_format``,
 ``duplicate_start``. Error texts never quote audio, tokens or other field values.
@@ -501,7 +501,7 @@ SipCommand = IngressCommand | HangUpLeg | TransferLeg
 
 
 class SipMediaCodec:
-    """Gateway end of one ``/sip/stream`` socket: frames -> :mod:`trunk.events`.
+    """Gateway end of one ``/sip/stream`` socket: frames -> :mod:`protocols.ingress`.
 
     Non-fatal errors (drop the frame, count ``reason``): oversize/malformed text,
     ``bad_field``, ``media_before_start`` (audio/dtmf/mark/control_result before

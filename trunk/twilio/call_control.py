@@ -266,11 +266,11 @@ class TwilioCallControl:
         return await self._update(call_sid, {"Twiml": twiml}, action="redirect")
 
     async def hang_up(self, call_id: str) -> str:
-        """:class:`~trunk.call_control.ProviderCallControl`: hang up, return the call's status."""
+        """:class:`~protocols.call_control.ProviderCallControl`: hang up; the call's status."""
         return (await self.hangup(call_id)).status
 
     async def transfer(self, call_id: str, destination: str) -> str:
-        """:class:`~trunk.call_control.ProviderCallControl`: redirect the call to ``<Dial>``.
+        """:class:`~protocols.call_control.ProviderCallControl`: redirect the call to ``<Dial>``.
 
         ``ValueError`` from :func:`transfer_twiml` (a malformed destination) becomes
         a ``bad_destination`` failure; the caller checks the allowlist first.
@@ -283,7 +283,7 @@ class TwilioCallControl:
         return CHANNEL_TRANSFERRING
 
     async def say_and_hang_up(self, call_id: str, text: str) -> str:
-        """:class:`~trunk.call_control.SupportsGoodbye`: ``<Say>`` a short goodbye, hang up."""
+        """:class:`~protocols.call_control.SupportsGoodbye`: ``<Say>`` a short goodbye, hang up."""
         try:
             twiml = say_hangup_twiml(text)
         except ValueError as exc:

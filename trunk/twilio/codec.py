@@ -1,12 +1,12 @@
 """Sans-I/O codec for Twilio Media Streams (bidirectional ``<Connect><Stream>``).
 
 Parses the JSON text frames Twilio sends (docs/PROVIDERS.md §1.3) into the
-provider-neutral events of :mod:`trunk.events` and renders the core's commands
+provider-neutral events of :mod:`protocols.ingress` and renders the core's commands
 back into Twilio messages (§1.4). One codec per WebSocket; it holds the stream
 state (``connected`` → ``start`` → ``media``/``dtmf``/``mark``… → ``stop``) and
 does no I/O.
 
-Errors are :class:`~trunk.events.IngressProtocolError` with a stable ``reason``:
+Errors are :class:`~protocols.ingress.IngressProtocolError` with a stable ``reason``:
 ``too_large``, ``malformed_json``, ``not_an_object``, ``missing_event``,
 ``bad_field``, ``bad_base64``, ``payload_too_large``, ``unexpected_track``,
 ``media_before_start``, ``message_after_stop`` (the message is dropped), and the
