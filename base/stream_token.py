@@ -40,12 +40,12 @@ TOKEN_DOMAIN = b"rutster-stream-v2\n"
 #: How long a token admits its media socket after it is issued, seconds. The longest
 #: legitimate wait between issuing and the socket's ``start`` is an outbound SIP call:
 #: the token goes out with the dial order, the callee rings for up to
-#: gateway/sip_routes.py SIP_RING_TIMEOUT_S (30 s), and the worker then opens
+#: gateway/providers/sip.py SIP_RING_TIMEOUT_S (30 s), and the worker then opens
 #: the stream, which is given gateway/spend_settings.py MEDIA_CONNECT_TIMEOUT_S (30 s)
 #: before the admission is released. 30 + 30 = 60 s; Twilio (stream opened a second or
 #: two after our TwiML) and inbound SIP (answered, then streamed at once) need far less.
 #: A token outliving that would only ever admit sockets for calls already released.
-#: (Literal, not imported: gateway/sip_routes.py imports this module; a unit
+#: (Literal, not imported: gateway/providers/sip.py imports this module; a unit
 #: test holds it to the sum.)
 STREAM_TOKEN_LIFETIME_S = 60
 

@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Route
 
 from rutster.gateway.api.api_keys import AdminKey, ApiKeyStore
 from rutster.gateway.api.rate_limit import RateLimiter
@@ -33,16 +33,14 @@ from rutster.gateway.peer_faults import (
     ClientDisconnectGuard,
     InvalidUtf8LogFilter,
 )
-from rutster.gateway.sip_routes import sip_stream, sip_workers
+from rutster.gateway.provider_registry import ProviderRegistry
 from rutster.gateway.state import GatewayState
-from rutster.gateway.twilio_routes import twilio_status, twilio_stream, twilio_voice
 from rutster.media.vad import preload
 from rutster.protocols.tap import SessionEndReason
 from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.spend.gate import SpendGate
 from rutster.spend.journal import SpendJournal
 from rutster.spend.store import REDIS_CONNECT_TIMEOUT_S, SpendStore, StoreUnavailable, redis_client
-from rutster.trunk.twilio.call_control import TwilioCallControl
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +178,14 @@ async def stop_spend_services(state: GatewayState, tasks: list[asyncio.Task[None
         await asyncio.to_thread(state.embedded_redis.stop)
 
 
-def create_app(config: GatewayConfig | None = None) -> Starlette:
-    """Build the gateway app (config from the environment unless given)."""
+def create_app(
+    config: GatewayConfig | None = None, *, providers: ProviderRegistry | None = None
+) -> Starlette:
+    """Build the gateway app (config from the environment unless given) serving
+    ``providers`` (default: every provider of ``gateway/providers/__init__.py``)."""
     state = GatewayState(config=config or GatewayConfig.from_env())
+    if providers is not None:
+        state.providers = providers
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -194,14 +197,8 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
         config = state.config
         # Load the VAD model now, not inside the first call (~50 ms + the import).
         await asyncio.to_thread(preload, config.vad)
-        control = None
-        if config.twilio_account_sid is not None and config.twilio_auth_token is not None:
-            control = TwilioCallControl(
-                account_sid=config.twilio_account_sid,
-                auth_token=config.twilio_auth_token,
-                base_url=config.twilio_api_base_url,
-            )
-            state.twilio_call_control = control
+        for provider in state.providers:
+            await provider.startup(state)
         utf8_filter = InvalidUtf8LogFilter(state.metrics.bad_messages)
         logging.getLogger(UVICORN_ERROR_LOGGER).addFilter(utf8_filter)
         spend_tasks = await start_spend_services(state)
@@ -217,8 +214,8 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
         if calls:
             log.info("shutting down: ending %d call(s)", len(calls))
             await asyncio.gather(*(c.end(SessionEndReason.SHUTDOWN) for c in calls))
-        if control is not None:
-            await control.aclose()
+        for provider in state.providers:
+            await provider.shutdown(state)
         state.stop_watchers()
         await stop_spend_services(state, spend_tasks)
         logging.getLogger(UVICORN_ERROR_LOGGER).removeFilter(utf8_filter)
@@ -245,11 +242,7 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
-            Route("/twilio/voice", twilio_voice, methods=["GET", "POST"]),
-            Route("/twilio/status", twilio_status, methods=["POST"]),
-            WebSocketRoute("/twilio/stream", twilio_stream),
-            WebSocketRoute("/sip/workers", sip_workers),
-            WebSocketRoute("/sip/stream", sip_stream),
+            *state.providers.routes(),
             *api_routes(),
             *dashboard_routes(),
         ],

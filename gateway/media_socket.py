@@ -1,12 +1,13 @@
-"""Reading a provider's media WebSocket: frames, the ``start``, and the per-call token check.
+"""The one media-socket handler every provider's stream runs on: :func:`serve_media_socket`.
 
 Twilio's ``/twilio/stream`` and the SIP workers' ``/sip/stream`` speak
-different message formats (each has its sans-I/O codec) but read their socket
-the same way: count and drop bad frames, refuse the socket on a fatal one,
-wait a bounded time for ``start``, and trust nothing until the stream token
-binds the call id, the brain URL and the admission context, has not expired,
-and wins its one-time claim (gateway/stream_claims.py). ``source`` is the
-metrics label (``twilio``, ``sip``).
+different message formats (each provider's :class:`~gateway.ingress_provider.MediaLeg`
+brings its sans-I/O codec) but are served the same way: authorise the upgrade,
+count and drop bad frames, refuse the socket on a fatal one, wait a bounded
+time for ``start``, and trust nothing until the stream token binds the call
+id, the brain URL and the admission context, has not expired, and wins its
+one-time claim (gateway/stream_claims.py); then run the metered call
+(gateway/media_session.py). ``source`` is the metrics label: the provider's name.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ from rutster.base.ws_close import (
     CLOSE_POLICY_VIOLATION,
     CLOSE_SERVICE_RESTART,
 )
-from rutster.gateway.media_session import StreamEnded
+from rutster.gateway.call import Call
+from rutster.gateway.ingress_provider import IngressProvider
+from rutster.gateway.media_session import StreamEnded, run_metered_call
 from rutster.gateway.spend_context import BadSpendContext, SpendContext
 from rutster.gateway.state import GatewayState
 from rutster.gateway.stream_claims import ClaimOutcome
 from rutster.protocols.ingress import (
+    IngressEvent,
     IngressProtocolError,
     StreamStarted,
     StreamStopped,
@@ -67,6 +71,69 @@ class SocketClosed:
     """The media socket closed, with this close code."""
 
     code: int
+
+
+async def serve_media_socket(websocket: WebSocket, provider: IngressProvider) -> None:
+    """Serve one media socket of ``provider``: from the upgrade to the call's settlement."""
+    state: GatewayState = websocket.app.state.gateway
+    source = provider.name
+    refusal = provider.authorize_media(websocket, state)
+    if refusal is not None:
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, refusal)
+        return
+    await websocket.accept()
+    leg = provider.open_leg(websocket)
+    started = await await_start(websocket, state, source, leg.decode, binary=leg.binary_frames)
+    if started is None:
+        return
+    params = provider.stream_params(started, state)
+    context = await trusted_context(
+        websocket,
+        state,
+        source,
+        call_id=started.call.call_id,
+        tap_url=params.tap_url,
+        spend_text=params.spend_text,
+        token=params.token,
+    )
+    if context is None:
+        return
+    live: list[Call] = []  # the call, once run_metered_call has built it
+
+    async def next_event() -> IngressEvent | StreamEnded:
+        while True:
+            message = await read_event(
+                websocket,
+                state,
+                source,
+                leg.decode,
+                binary=leg.binary_frames,
+                on_fatal=leg.edge.close,
+            )
+            if isinstance(message, StreamEnded):
+                leg.stream_ended()
+                return message
+            if isinstance(message, IngressEvent):
+                return message
+            ended = await leg.on_message(message, live[0] if live else None)
+            if ended is not None:
+                return ended
+
+    leg.attach(context)
+    try:
+        await run_metered_call(
+            state,
+            started=started,
+            context=context,
+            tap_url=params.tap_url,
+            edge=leg.edge,
+            provider=source,
+            call_control=leg.call_control(state),
+            next_event=next_event,
+            on_call=live.append,
+        )
+    finally:
+        leg.detach(context)
 
 
 async def refuse(websocket: WebSocket, code: int, reason: str) -> None:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from rutster.gateway.api.api_keys import AdminKey, ApiKeyStore
     from rutster.gateway.api.rate_limit import RateLimiter
     from rutster.gateway.control_channel import ControlChannel
+    from rutster.gateway.provider_registry import ProviderRegistry
     from rutster.spend.embedded_redis import EmbeddedRedis
     from rutster.spend.gate import SpendGate
     from rutster.spend.store import SpendStore
@@ -35,6 +36,13 @@ MAX_RECENT_TRAILS = 500
 log = logging.getLogger(__name__)
 
 
+def _default_providers() -> ProviderRegistry:
+    # Imported here: the providers' modules import this one (their handlers hold a state).
+    from rutster.gateway.providers import REGISTRY
+
+    return REGISTRY
+
+
 @dataclass
 class GatewayState:
     """Shared by every handler of one app (``app.state.gateway``).
@@ -44,6 +52,8 @@ class GatewayState:
     """
 
     config: GatewayConfig
+    #: The ingress providers served (gateway/providers/__init__.py): routes, dialling.
+    providers: ProviderRegistry = field(default_factory=_default_providers)
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     calls: dict[str, Call] = field(default_factory=dict)
     #: The same live calls by public call id (``call_…``), for the API and control messages.

@@ -21,6 +21,7 @@ from rutster.brains.echo import EchoBrain
 from rutster.gateway.app import create_app
 from rutster.gateway.config import GatewayConfig
 from rutster.gateway.launcher import LOOPBACK, free_port
+from rutster.gateway.provider_registry import ProviderRegistry
 from rutster.gateway.reflex import ReflexConfig
 from rutster.gateway.server import uvicorn_config
 from rutster.gateway.spend_settings import SpendSettings
@@ -146,11 +147,14 @@ class RunningGateway:
 
 
 @contextlib.asynccontextmanager
-async def serve_gateway(config: GatewayConfig) -> AsyncIterator[RunningGateway]:
-    """Run ``config``'s app under uvicorn until the block exits."""
+async def serve_gateway(
+    config: GatewayConfig, *, providers: ProviderRegistry | None = None
+) -> AsyncIterator[RunningGateway]:
+    """Run ``config``'s app (serving ``providers``, default all) under uvicorn until the
+    block exits."""
     port = free_port()
     config = replace(config, public_url=f"http://{LOOPBACK}:{port}")
-    app = create_app(config)
+    app = create_app(config, providers=providers)
     server = uvicorn.Server(uvicorn_config(app, host=LOOPBACK, port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     while not server.started:

@@ -7,6 +7,8 @@ import pytest
 from rutster.gateway.api.routes import call_resource
 from rutster.gateway.api.schemas import CALL_SCHEMA
 from rutster.gateway.api.validation import validator_for
+from rutster.gateway.config import GatewayConfig
+from rutster.gateway.state import GatewayState
 from rutster.spend.store import call_record
 
 RAW = {
@@ -41,6 +43,9 @@ RAW = {
     ],
 )
 def test_the_provider_is_the_records(stored: str, shown: str) -> None:
-    resource = call_resource(call_record("call_0123abcd", {**RAW, "provider": stored}))
+    resource = call_resource(
+        GatewayState(config=GatewayConfig()),
+        call_record("call_0123abcd", {**RAW, "provider": stored}),
+    )
     assert resource["provider"] == shown
     validator_for(CALL_SCHEMA).validate(resource)  # the documented response shape

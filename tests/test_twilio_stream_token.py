@@ -15,7 +15,7 @@ from rutster.base.stream_token import (
     StreamTokenSigner,
     TokenStatus,
 )
-from rutster.gateway.sip_routes import SIP_RING_TIMEOUT_S
+from rutster.gateway.providers.sip import SIP_RING_TIMEOUT_S
 from rutster.gateway.spend_settings import MEDIA_CONNECT_TIMEOUT_S
 
 SECRET = b"0123456789abcdef0123456789abcdef"

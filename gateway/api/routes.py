@@ -13,18 +13,16 @@ has no tenant: its reads name one (``?tenant=``). Each path is one
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
-from rutster.base.strict_schema import ecma_regex
+from rutster.gateway.admission import Refused, admit_call
 from rutster.gateway.api.api_keys import (
     KeyStoreUnavailable,
     Principal,
@@ -50,7 +48,6 @@ from rutster.gateway.api.schemas import (
     CALL_ID_PATTERN,
     CREATE_KEY_SCHEMA,
     KILL_SWITCH_SCHEMA,
-    PROVIDER_NAME_PATTERN,
     TENANT_LIMITS_SCHEMA,
 )
 from rutster.gateway.api.validation import (
@@ -63,37 +60,18 @@ from rutster.gateway.api.validation import (
     read_body,
     require_json_content_type,
 )
-from rutster.gateway.config import public_http_url
-from rutster.gateway.media_session import release_if_never_connected
-from rutster.gateway.sip_routes import cancel_sip_dial, dial_sip_call
-from rutster.gateway.spend_context import SpendContext
+from rutster.gateway.ingress_provider import DialFailed
 from rutster.gateway.state import GatewayState
 from rutster.protocols.call_control import CallControlFailure
 from rutster.protocols.tap import SessionEndReason
-from rutster.spend.gate import Admission, AdmissionRequest, new_call_id, wall_ms
+from rutster.spend.gate import AdmissionRequest, new_call_id, wall_ms
 from rutster.spend.limits import LimitsError, TenantLimits
 from rutster.spend.money import format_money, parse_money
 from rutster.spend.store import CallRecord, SpendTotals, StoreUnavailable, time_buckets
 from rutster.spend.tenant_id import TENANT_ID_PATTERN
-from rutster.trunk.twilio.call_control import TwilioCallControl
 
 log = logging.getLogger(__name__)
 
-#: Query parameter of the voice-webhook URL naming the call placed through the API.
-QUERY_CALL = "rutster_call"
-#: Let an outbound call ring this long before Twilio gives up (Twilio's own default is
-#: 60 s; 30 s is what a person waits; seed decision).
-RING_TIMEOUT_S = 30
-#: How long after its ring timeout a placed call still waits for an answer or a final status
-#: callback before it is cancelled and settled at zero. Seed decision: Twilio's ``Timeout``
-#: counts from when ringing starts, after the call may have waited in the account's
-#: calls-per-second queue; a minute covers that and the callback's delivery.
-PLACED_CALL_STATUS_MARGIN_S = 60
-#: ``provider_call_id`` of a SIP call the API placed: the worker that dials it.
-SIP_CALL_PREFIX = "sip-worker:"
-#: Twilio's ``TimeLimit`` is our max duration plus this margin: a second line of
-#: defence that only acts if our own enforcement failed.
-TIME_LIMIT_MARGIN_S = 60
 #: Money fields in limits (decimal USD strings in the API, micros inside).
 MONEY_LIMITS = frozenset({"budget_day", "budget_month", "max_call_cost"})
 
@@ -197,21 +175,17 @@ def call_status(record: CallRecord) -> str:
 FAILED_END_REASONS = frozenset({"failed", "busy", "no_answer", "canceled", "provider_error"})
 
 
-def _provider_name(stored: str) -> str:
-    """The provider a call record names, as it is (a newer node may record one this node
-    does not know); "unknown" for anything that is not a provider name at all."""
-    return stored if ecma_regex(PROVIDER_NAME_PATTERN).search(stored) else "unknown"
-
-
-def call_resource(record: CallRecord, *, live_cost: int | None = None) -> dict[str, Any]:
-    """The API's call resource for a stored call."""
+def call_resource(
+    state: GatewayState, record: CallRecord, *, live_cost: int | None = None
+) -> dict[str, Any]:
+    """The API's call resource for a stored call (its provider named through the registry)."""
     outbound = record["direction"] == "outbound"
     return {
         "id": record["id"],
         "tenant": record["tenant"],
         "status": call_status(record),
         "direction": "outbound" if outbound else "inbound",
-        "provider": _provider_name(record["provider"]),
+        "provider": state.providers.label(record["provider"]),
         "from": record["caller"],
         "to": record["to"],
         "brain": record["brain"] or None,
@@ -262,14 +236,14 @@ async def create_call(request: Request, principal: Principal) -> Response:
     tenant = _tenant_of(principal)
     body = parse_create_call_body(await _body(request))
     settings = state.config.spend
-    provider = body["provider"]
-    control = state.twilio_call_control
-    if provider == "twilio" and not isinstance(control, TwilioCallControl):
-        raise conflict(
-            "outbound Twilio calls need TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN on the gateway"
-        )
-    if provider == "sip" and len(state.sip_workers) == 0:
-        raise conflict("outbound SIP calls need a SIP worker connected to this gateway")
+    provider = state.providers.get(body["provider"])
+    if provider is None or not provider.capabilities.outbound:
+        # The schema's enum is the registry's outbound providers: only a registry that
+        # changed under a running app gets here.
+        raise invalid_request(f"provider {body['provider']!r} cannot place calls", "provider")
+    unavailable_reason = provider.outbound_unavailable(state)
+    if unavailable_reason is not None:
+        raise conflict(unavailable_reason)
     brain = body.get("brain")
     if brain is None:
         tap_url = state.config.tap_url
@@ -282,109 +256,41 @@ async def create_call(request: Request, principal: Principal) -> Response:
             raise invalid_request(f"no brain named {brain!r} is configured", "brain")
         tap_url = settings.brains[brain]
     limits = body.get("limits", {})
-    gate = state.spend_gate
-    assert gate is not None
-    admission_request = AdmissionRequest(
-        tenant=tenant,
-        provider=provider,
-        direction="outbound",
-        caller=body["from"],
-        to=body["to"],
-        brain=tap_url,
-        campaign=body.get("campaign", ""),
-        max_duration_s=limits.get("max_duration_s"),
-        max_cost=parse_money(limits["max_cost"]) if "max_cost" in limits else None,
-        metadata=body.get("metadata", {}),
-        call_id=new_call_id(),
-    )
-    admission = await gate.admit(admission_request)
-    if not admission.admitted:
-        state.metrics.admissions.labels("refused", admission.reason).inc()
-        raise refused(admission.reason, f"the spend gate refused the call: {admission.reason}")
-    state.metrics.admissions.labels("admitted", "ok").inc()
-    if admission.degraded:
-        # Fail-open admission with Redis down: nothing to read the call back from.
-        raise unavailable()
-    if provider == "sip":
-        return await _dial_sip(state, admission, tenant, body, tap_url)
-    assert isinstance(control, TwilioCallControl)
-    query = urlencode({QUERY_CALL: admission.call_id})
-    voice_url = public_http_url(state.config.public_url, "/twilio/voice") + "?" + query
-    status_url = public_http_url(state.config.public_url, "/twilio/status") + "?" + query
-    try:
-        created = await control.create_call(
+    admitted = await admit_call(
+        state,
+        AdmissionRequest(
+            tenant=tenant,
+            provider=provider.name,
+            direction="outbound",
+            caller=body["from"],
             to=body["to"],
-            from_=body["from"],
-            url=voice_url,
-            status_callback=status_url,
-            timeout_s=RING_TIMEOUT_S,
-            time_limit_s=admission.caps.max_duration_s + TIME_LIMIT_MARGIN_S,
-        )
-    except CallControlFailure as exc:
-        await gate.settle_unanswered(admission.call_id, "provider_error")
-        log.warning("call %s: Twilio refused to place it (%s)", admission.call_id, exc.reason)
-        return error_response(provider_error(f"Twilio did not place the call ({exc.reason})"))
-    assert state.spend_store is not None
-    await state.spend_store.update_call(admission.call_id, provider_call_id=created.sid)
-    # Held (never reaped at its reservation) while it rings; settled by the status
-    # callback, or at zero if neither an answer nor a final status comes in time.
-    state.watch_media_connect(
-        admission.call_id,
-        release_if_never_connected(
-            state,
-            admission.call_id,
-            RING_TIMEOUT_S + PLACED_CALL_STATUS_MARGIN_S,
-            reason="no_answer",
-            give_up=functools.partial(_cancel_ringing, control, admission.call_id, created.sid),
+            brain=tap_url,
+            campaign=body.get("campaign", ""),
+            max_duration_s=limits.get("max_duration_s"),
+            max_cost=parse_money(limits["max_cost"]) if "max_cost" in limits else None,
+            metadata=body.get("metadata", {}),
+            call_id=new_call_id(),
         ),
     )
-    record = await state.spend_store.get_call(admission.call_id)
-    if record is None:  # pragma: no cover - just written; only a flush of Redis loses it
+    if isinstance(admitted, Refused):
+        raise refused(admitted.reason, f"the spend gate refused the call: {admitted.reason}")
+    if admitted.degraded:
+        # Fail-open admission with Redis down: nothing to read the call back from.
         raise unavailable()
-    return JSONResponse(call_resource(record), status_code=201)
-
-
-async def _cancel_ringing(control: TwilioCallControl, call_id: str, sid: str) -> None:
-    """Best effort: cancel a placed call that neither connected nor reported how it ended,
-    so it cannot be answered once its admission is released."""
-    try:
-        await control.cancel_or_hang_up(sid)
-    except CallControlFailure as exc:
-        log.warning("call %s: could not cancel the unanswered call (%s)", call_id, exc.reason)
-
-
-async def _dial_sip(
-    state: GatewayState, admission: Admission, tenant: str, body: dict[str, Any], tap_url: str
-) -> Response:
-    """Hand an admitted outbound SIP call to a connected SIP worker."""
     gate, store = state.spend_gate, state.spend_store
     assert gate is not None and store is not None
-    context = SpendContext(
-        admission.call_id,
-        tenant,
-        "outbound",
-        admission.caps.max_duration_s,
-        admission.caps.max_cost_micros,
-        admission.first_quantum,
-    )
-    placed = await dial_sip_call(
-        state,
-        call_id=admission.call_id,
-        to=body["to"],
-        from_=body["from"],
-        tap_url=tap_url,
-        context=context,
-    )
-    if placed is None:
-        await gate.settle_unanswered(admission.call_id, "provider_error")
-        return error_response(provider_error("no SIP worker could take the call"))
-    await store.update_call(
-        admission.call_id, provider_call_id=f"{SIP_CALL_PREFIX}{placed.worker_id}"
-    )
-    record = await store.get_call(admission.call_id)
+    try:
+        provider_call_id = await provider.dial(
+            state, admitted, to=body["to"], from_=body["from"], tap_url=tap_url
+        )
+    except DialFailed as exc:
+        await gate.settle_unanswered(admitted.call_id, "provider_error")
+        return error_response(provider_error(str(exc)))
+    await store.update_call(admitted.call_id, provider_call_id=provider_call_id)
+    record = await store.get_call(admitted.call_id)
     if record is None:  # pragma: no cover - just written; only a flush of Redis loses it
         raise unavailable()
-    return JSONResponse(call_resource(record), status_code=201)
+    return JSONResponse(call_resource(state, record), status_code=201)
 
 
 async def list_calls(request: Request, principal: Principal) -> Response:
@@ -400,7 +306,7 @@ async def list_calls(request: Request, principal: Principal) -> Response:
     except ValueError:
         raise invalid_request("cursor is not one this API issued", "cursor") from None
     data = [
-        call_resource(r, live_cost=live_cost(state, r["id"]))
+        call_resource(state, r, live_cost=live_cost(state, r["id"]))
         for r in records
         if query.status is None or call_status(r) == query.status
     ]
@@ -425,7 +331,7 @@ async def get_call(request: Request, principal: Principal) -> Response:
     state = _state(request)
     record = await _own_call(request, principal)
     assert state.spend_store is not None
-    resource = call_resource(record, live_cost=live_cost(state, record["id"]))
+    resource = call_resource(state, record, live_cost=live_cost(state, record["id"]))
     resource["receipts"] = await state.spend_store.receipts(record["id"])
     return JSONResponse(resource)
 
@@ -449,7 +355,7 @@ async def delete_call(request: Request, principal: Principal) -> Response:
             raise unavailable("the gateway holding this call is not answering; retry")
     else:
         await _cancel_unanswered(state, record)
-    return JSONResponse(call_resource(record), status_code=202)
+    return JSONResponse(call_resource(state, record), status_code=202)
 
 
 async def hang_up_local_call(state: GatewayState, call_id: str) -> None:
@@ -464,17 +370,14 @@ async def hang_up_local_call(state: GatewayState, call_id: str) -> None:
 
 
 async def _cancel_unanswered(state: GatewayState, record: CallRecord) -> None:
-    control = state.twilio_call_control
-    sid = record["provider_call_id"]
-    if record["provider"] == "sip":
-        if sid.startswith(SIP_CALL_PREFIX):
-            await cancel_sip_dial(state, sid.removeprefix(SIP_CALL_PREFIX), record["id"])
-    elif sid and isinstance(control, TwilioCallControl):
+    provider = state.providers.get(record["provider"])
+    if provider is not None:
         try:
-            await control.cancel_or_hang_up(sid)
+            await provider.cancel(state, record)
         except CallControlFailure as exc:
-            if exc.reason != "already_ended":
-                raise provider_error(f"Twilio did not cancel the call ({exc.reason})") from None
+            raise provider_error(
+                f"{provider.name} did not cancel the call ({exc.reason})"
+            ) from None
     assert state.spend_gate is not None
     await state.spend_gate.settle_unanswered(record["id"], "canceled")
 

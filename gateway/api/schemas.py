@@ -21,6 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from rutster.gateway.api.errors import ERROR_CODES
+from rutster.gateway.provider_registry import PROVIDER_NAME_PATTERN
+from rutster.gateway.providers import REGISTRY
 from rutster.spend.tenant_id import TENANT_ID_MAX_CHARS, TENANT_ID_PATTERN
 
 Schema = dict[str, Any]
@@ -133,8 +135,6 @@ DAY_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
 HOUR_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:00:00Z$"
 
 #: Human hint per pattern, used as the error message when a value fails it.
-#: A provider's name as a call record may hold it (lowercase word).
-PROVIDER_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 PATTERN_HINTS: dict[str, str] = {
     E164_PATTERN: "must match E.164 like +15551234567",
     PROVIDER_NAME_PATTERN: "must be a provider name: a lowercase word like twilio or sip",
@@ -181,7 +181,10 @@ PATTERN_HINTS: dict[str, str] = {
 
 #: Call statuses (seed decision).
 CALL_STATUSES = ("queued", "ringing", "in_progress", "ended", "refused", "failed")
-PROVIDERS = ("twilio", "sip")
+#: The providers ``POST /v1/calls`` dials through: the registry's (gateway/providers/).
+OUTBOUND_PROVIDERS = REGISTRY.outbound_names()
+#: Those that dial phone numbers only (a ``sip:`` URI needs another).
+NUMBER_ONLY_PROVIDERS = [p.name for p in REGISTRY if not p.capabilities.dials_sip_uris]
 DIRECTIONS = ("inbound", "outbound")
 ROLES = ("tenant", "admin")
 CURRENCY = "USD"
@@ -231,7 +234,7 @@ CREATE_CALL_SCHEMA: Schema = {
             "pattern": E164_PATTERN,
             "description": "Caller id (E.164), a number the tenant owns at the provider.",
         },
-        "provider": {"type": "string", "enum": list(PROVIDERS)},
+        "provider": {"type": "string", "enum": list(OUTBOUND_PROVIDERS)},
         "brain": {
             "type": "string",
             "maxLength": MAX_BRAIN_URL_CHARS,
@@ -259,7 +262,7 @@ CREATE_CALL_SCHEMA: Schema = {
         },
     },
     # Twilio dials phone numbers only: a sip: URI needs provider "sip".
-    "if": {"required": ["provider"], "properties": {"provider": {"const": "twilio"}}},
+    "if": {"required": ["provider"], "properties": {"provider": {"enum": NUMBER_ONLY_PROVIDERS}}},
     "then": {"properties": {"to": {"pattern": E164_PATTERN}}},
 }
 
@@ -422,7 +425,7 @@ CALL_SCHEMA: Schema = {
         "tenant": {"type": "string", "pattern": TENANT_ID_PATTERN},
         "status": {"type": "string", "enum": list(CALL_STATUSES)},
         "direction": {"type": "string", "enum": list(DIRECTIONS)},
-        # What the record says: one of PROVIDERS here, and whatever provider a newer
+        # What the record says: one of OUTBOUND_PROVIDERS here, and whatever provider a newer
         # gateway node recorded during a rolling upgrade ("unknown" if unreadable).
         "provider": {"type": "string", "pattern": PROVIDER_NAME_PATTERN},
         "from": {"type": "string"},

@@ -100,6 +100,7 @@ __all__ = [
     "bound_headers",
     "encode_control",
     "parse_control",
+    "sniff_sip_stream",
 ]
 
 #: Version in ``hello``; a worker speaking another one is refused, not half-understood.
@@ -700,6 +701,18 @@ class WorkerMediaCodec:
 
 
 # ---- shared helpers --------------------------------------------------------------
+
+
+def sniff_sip_stream(first_message: str | bytes) -> bool:
+    """True when a media socket's first frame is a SIP worker's ``start``: the flat
+    ``start`` event with its ``sip_call_id`` (a field no CPaaS stream has). Never raises."""
+    if not isinstance(first_message, str):
+        return False
+    try:
+        body = _load_object(first_message, MAX_TEXT_FRAME_BYTES)
+    except WireError:
+        return False
+    return body.get("event") == "start" and isinstance(body.get("sip_call_id"), str)
 
 
 def _load_object(text: str, limit: int) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """What the gateway holds about its SIP workers: their control links and the live legs' edges.
 
-Kept apart from the routes (``gateway/sip_routes.py``) so the gateway's
+Kept apart from the routes (``gateway/providers/sip.py``) so the gateway's
 state can own a registry and a call control without importing Starlette handlers.
 """
 

@@ -53,6 +53,7 @@ __all__ = [
     "PARAM_TOKEN",
     "PROVIDER",
     "TwilioStreamCodec",
+    "sniff_twilio_stream",
 ]
 
 #: Largest decoded ``media`` payload accepted: the limit set in the project issue.
@@ -271,6 +272,28 @@ class TwilioStreamCodec:
         else:
             assert_never(command)
         return json.dumps(body, separators=_JSON_SEPARATORS, ensure_ascii=False)
+
+
+def sniff_twilio_stream(first_message: str | bytes) -> bool:
+    """True when a media socket's first frame is Twilio's: the ``connected`` message
+    (``"protocol": "Call"``) or, if that was lost, a ``start`` with its ``streamSid``
+    and ``start`` object (docs/PROVIDERS.md §1.3). Never raises."""
+    if not isinstance(first_message, str) or len(first_message) > MAX_MESSAGE_CHARS:
+        return False
+    try:
+        message = json.loads(first_message)
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(message, dict):
+        return False
+    event = message.get("event")
+    if event == "connected":
+        return message.get("protocol") == "Call"
+    return (
+        event == "start"
+        and isinstance(message.get("streamSid"), str)
+        and isinstance(message.get("start"), dict)
+    )
 
 
 def _object(message: dict[str, Any], key: str) -> dict[str, Any]:

@@ -1,0 +1,129 @@
+"""The one admission path: spend gate → call context → stream token → media-connect watch.
+
+Every way a call arrives runs the same sequence, whatever its provider: a
+Twilio voice webhook, a SIP worker's ``invite``, the REST API's ``POST
+/v1/calls``. The provider adapter (``gateway/providers/``) turns its own
+message into an :class:`~spend.gate.AdmissionRequest` and its answer (TwiML,
+a SIP code, a JSON body) from what this returns; the counting, the logging,
+the :class:`~gateway.spend_context.SpendContext` and the stream token are here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from rutster.base.stream_token import StreamTokenSigner
+from rutster.gateway.media_session import release_if_never_connected
+from rutster.gateway.spend_context import SpendContext
+from rutster.gateway.state import GatewayState
+from rutster.spend.gate import AdmissionRequest
+from rutster.spend.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+#: Refusal reason of an answered placed call whose record is missing, finished or
+#: someone else's (the provider called our webhook for a call we no longer hold).
+REASON_UNKNOWN_PLACED_CALL = "unknown_placed_call"
+#: Refusal reason when the record of a placed call could not be read (Redis down).
+REASON_STORE_UNAVAILABLE = "store_unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The call is not taken; ``reason`` is the spend gate's (or this module's) label."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamGrant:
+    """What the provider hands to its media stream: the call context, its encoded
+    form, and the per-call stream token binding them to the call and the brain."""
+
+    context: SpendContext
+    spend_text: str
+    token: str
+
+
+async def admit_call(state: GatewayState, request: AdmissionRequest) -> SpendContext | Refused:
+    """Ask the spend gate; count and log the outcome. A degraded admission (Redis down,
+    fail-open) is admitted with ``context.degraded`` set."""
+    gate = state.spend_gate
+    assert gate is not None, "the spend gate starts with the app"
+    admission = await gate.admit(request)
+    metrics = state.metrics
+    if not admission.admitted:
+        metrics.admissions.labels("refused", admission.reason).inc()
+        log.info(
+            "%s %s call refused by the spend gate: %s",
+            request.provider,
+            request.direction,
+            admission.reason,
+        )
+        return Refused(admission.reason)
+    metrics.admissions.labels("admitted", "degraded" if admission.degraded else "ok").inc()
+    return SpendContext(
+        admission.call_id,
+        request.tenant,
+        request.direction,
+        admission.caps.max_duration_s,
+        admission.caps.max_cost_micros,
+        admission.first_quantum,
+        admission.degraded,
+    )
+
+
+def grant_stream(
+    state: GatewayState,
+    context: SpendContext,
+    *,
+    stream_call_id: str,
+    tap_url: str,
+    connect_within_s: float | None = None,
+) -> StreamGrant:
+    """Sign the stream token for an admitted call and hold its admission until its media
+    stream connects (settled at zero after ``connect_within_s``, by default the spend
+    settings' media-connect timeout). ``stream_call_id`` is the call id the stream's
+    ``start`` will carry (Twilio's CallSid; the rutster call id on SIP)."""
+    config = state.config
+    spend_text = context.encode()
+    token = StreamTokenSigner(config.stream_secret).issue(stream_call_id, tap_url, spend_text)
+    within = config.spend.media_connect_timeout_s if connect_within_s is None else connect_within_s
+    state.watch_media_connect(
+        context.call_id, release_if_never_connected(state, context.call_id, within)
+    )
+    return StreamGrant(context, spend_text, token)
+
+
+async def answered_placed_call(
+    state: GatewayState, call_id: str, provider_call_id: str
+) -> tuple[SpendContext, str] | Refused:
+    """The admission and brain of a call ``POST /v1/calls`` placed, now answered; refused
+    when the record is missing, not waiting for an answer, or names another provider call."""
+    store = state.spend_store
+    assert store is not None
+    try:
+        record = await store.get_call(call_id) if call_id.startswith("call_") else None
+    except ValueError:
+        record = None
+    except StoreUnavailable:
+        log.warning("placed call %s answered while Redis is unreachable; hanging up", call_id)
+        return Refused(REASON_STORE_UNAVAILABLE)
+    if (
+        record is None
+        or record["status"] != "admitted"
+        or record["direction"] != "outbound"
+        or record["provider_call_id"] not in ("", provider_call_id)
+    ):
+        log.warning("answer of an unknown or finished placed call; refusing it")
+        return Refused(REASON_UNKNOWN_PLACED_CALL)
+    context = SpendContext(
+        call_id,
+        record["tenant"],
+        "outbound",
+        record["max_duration_s"],
+        record["max_cost"],
+        record["reserved"],
+    )
+    return context, record["brain"]
