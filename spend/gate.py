@@ -28,7 +28,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from rutster.protocols.tap import Usage
 from rutster.spend.journal import SpendJournal
 from rutster.spend.limits import TenantLimits, tightest
 from rutster.spend.meter import (
@@ -41,7 +40,7 @@ from rutster.spend.meter import (
     UsageAnomaly,
 )
 from rutster.spend.money import Micros
-from rutster.spend.prices import PriceTable
+from rutster.spend.prices import PriceTable, UsageReport
 from rutster.spend.store import (
     DEFAULT_LEASE_MS,
     HEARTBEAT_INTERVAL_MS,
@@ -367,7 +366,7 @@ class CallSpend:
         self.anomalies = 0
 
     def on_usage(
-        self, usage: Usage, now_ms: int, publish: Publish | None = None
+        self, usage: UsageReport, now_ms: int, publish: Publish | None = None
     ) -> UsageAnomaly | None:
         """A brain ``usage`` event: add its tokens to the running cost (up to the ceiling).
 

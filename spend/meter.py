@@ -39,7 +39,6 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Final, Literal, TypeAlias
 
-from rutster.protocols.tap import Usage
 from rutster.spend.money import MAX_MICROS, Micros
 from rutster.spend.prices import (
     GPT_REALTIME_RATES,
@@ -48,6 +47,7 @@ from rutster.spend.prices import (
     PriceTable,
     TelephonyRate,
     TokenTotals,
+    UsageReport,
 )
 
 __all__ = [
@@ -444,7 +444,7 @@ class CallMeter:
         self._brain_costs[key] = cost
         return anomaly
 
-    def on_tap_usage(self, usage: Usage, now_ms: int) -> UsageAnomaly | None:
+    def on_tap_usage(self, usage: UsageReport, now_ms: int) -> UsageAnomaly | None:
         """Add a tap ``usage`` event (absent counts are 0; none raises: see on_usage)."""
         return self.on_usage(usage.model, TokenTotals.saturated_from_usage(usage), now_ms)
 

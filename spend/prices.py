@@ -44,12 +44,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, Protocol, Self
 
 import jsonschema
 from jsonschema.exceptions import best_match
 
-from rutster.protocols.tap import Usage
 from rutster.spend.money import MAX_MICROS, Micros, parse_money
 
 __all__ = [
@@ -77,6 +76,7 @@ __all__ = [
     "TelephonyRate",
     "TokenTotals",
     "UnknownPrice",
+    "UsageReport",
 ]
 
 Direction = Literal["inbound", "outbound"]
@@ -216,6 +216,39 @@ class BrainRates:
         )
 
 
+class UsageReport(Protocol):
+    """A brain's token report as the spend gate reads it; every count optional.
+
+    The tap protocol's ``Usage`` event (``protocols/tap.py``) has this shape: spend
+    reads it structurally, so it depends on no protocol module (docs/ARCHITECTURE.md
+    layers) and any brain's report of the same fields bills the same.
+    """
+
+    @property
+    def model(self) -> str | None:
+        """The model the tokens were spent on (None: the table's ``*`` rate)."""
+
+    @property
+    def input_audio_tokens(self) -> int | None:
+        """Audio tokens in."""
+
+    @property
+    def output_audio_tokens(self) -> int | None:
+        """Audio tokens out."""
+
+    @property
+    def input_text_tokens(self) -> int | None:
+        """Text tokens in."""
+
+    @property
+    def output_text_tokens(self) -> int | None:
+        """Text tokens out."""
+
+    @property
+    def cached_input_tokens(self) -> int | None:
+        """Input tokens served from the model's cache."""
+
+
 @dataclass(frozen=True, slots=True)
 class TokenTotals:
     """Token counts of a call or of one usage report (cached ⊆ input, docs/PROVIDERS.md §5.5)."""
@@ -231,7 +264,7 @@ class TokenTotals:
             _check_count(f.name, getattr(self, f.name), maximum=MAX_TOKEN_COUNT)
 
     @classmethod
-    def from_usage(cls, usage: Usage) -> TokenTotals:
+    def from_usage(cls, usage: UsageReport) -> TokenTotals:
         """The counts of a tap ``usage`` event; an absent (``None``) count is 0.
 
         A count outside ``0..MAX_TOKEN_COUNT`` raises ``ValueError``; the meter uses
@@ -246,7 +279,7 @@ class TokenTotals:
         )
 
     @classmethod
-    def saturated_from_usage(cls, usage: Usage) -> TokenTotals:
+    def saturated_from_usage(cls, usage: UsageReport) -> TokenTotals:
         """The counts of a tap ``usage`` event, each forced into ``0..MAX_TOKEN_COUNT``.
 
         The tap decoder admits any JSON integer >= 0 (10**4000 included), and a brain's
