@@ -8,7 +8,6 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 
-from rutster.brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
 from rutster.protocols.tap import (
     MAX_ID_CHARS,
     FunctionCall,
@@ -19,6 +18,7 @@ from rutster.protocols.tap import (
     ToolSpec,
     ToolsUpdate,
 )
+from rutster.protocols.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
 from rutster.trunk.twilio.fake_rest import FakeTwilioRest
 from rutster.trunk.twilio.simulator import new_sid
 from tests.conftest import (

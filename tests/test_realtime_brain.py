@@ -17,8 +17,8 @@ from rutster.brains.realtime.config import DEFAULT_MODEL, MOCK_API_KEY, Realtime
 from rutster.brains.realtime.mock_server import MockRealtimeServer
 from rutster.brains.realtime.server import RealtimeBrain
 from rutster.brains.realtime.translator import ERROR_AUTH_FAILED, ERROR_UPSTREAM_DISCONNECT
-from rutster.brains.tool_catalog import HANGUP_TOOL
 from rutster.gateway.launcher import LOOPBACK, realtime_brain_process
+from rutster.protocols.tool_catalog import HANGUP_TOOL
 from rutster.trunk.twilio.simulator import TwilioSimulator
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
 from tests.test_realtime_e2e import SPEECH_FROM_S, pcm8k_slice, silence_8k

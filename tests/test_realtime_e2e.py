@@ -20,12 +20,12 @@ from rutster.brains.marker_tone import marker_tone_pcm
 from rutster.brains.realtime.config import MOCK_API_KEY, RealtimeBrainConfig
 from rutster.brains.realtime.mock_server import MockRealtimeServer, MockSession
 from rutster.brains.realtime.server import RealtimeBrain
-from rutster.brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
 from rutster.gateway.launcher import LOOPBACK, free_port, realtime_brain_process
 from rutster.gateway.tool_registry import ToolLimits
 from rutster.gateway.transfer_allowlist import TransferAllowlist
 from rutster.media.resample import StreamResampler
 from rutster.protocols.tap import SessionEndReason
+from rutster.protocols.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
 from rutster.trunk.twilio.fake_rest import FakeTwilioRest
 from rutster.trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator, new_sid
 from tests.conftest import (

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from websockets.asyncio.server import ServerConnection
 
-from rutster.brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
 from rutster.gateway.launcher import free_port
 from rutster.gateway.transfer_allowlist import TransferAllowlist
 from rutster.protocols.tap import (
@@ -28,6 +27,7 @@ from rutster.protocols.tap import (
     TapEncoder,
     ToolsUpdate,
 )
+from rutster.protocols.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
 from rutster.trunk.sip.load_generator import analyse_echo
 from rutster.trunk.sip.peer import SipPeerProcess
 from tests.conftest import TEST_ADMIN_KEY, eventually

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from rutster.base.env_values import ConfigError, read_secret
 from rutster.brains.bind import BRAIN_BIND_ENV, parse_bind
-from rutster.brains.tool_catalog import parse_tool_list
 from rutster.protocols.tap import ToolSpec
+from rutster.protocols.tool_catalog import parse_tool_list
 
 #: Default model: the GA ``gpt-realtime`` alias, the first model in the SDK's GA
 #: literal list (docs/PROVIDERS.md §5.1); a dated snapshot pins behaviour if wanted.
