@@ -19,7 +19,6 @@ from rutster.protocols.tap import (
     ToolsUpdate,
 )
 from rutster.protocols.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
-from rutster.trunk.twilio.fake_rest import FakeTwilioRest
 from rutster.trunk.twilio.simulator import new_sid
 from tests.conftest import (
     TEST_AUTH_TOKEN,
@@ -28,6 +27,7 @@ from tests.conftest import (
     gateway_config,
     serve_gateway,
 )
+from tests.support.fake_twilio_rest import FakeTwilioRest
 from tests.test_gateway_calls import RecordingBrain, start_stream
 
 

@@ -26,7 +26,6 @@ from rutster.gateway.transfer_allowlist import TransferAllowlist
 from rutster.media.resample import StreamResampler
 from rutster.protocols.tap import SessionEndReason
 from rutster.protocols.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
-from rutster.trunk.twilio.fake_rest import FakeTwilioRest
 from rutster.trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator, new_sid
 from tests.conftest import (
     TEST_AUTH_TOKEN,
@@ -35,6 +34,7 @@ from tests.conftest import (
     gateway_config,
     serve_gateway,
 )
+from tests.support.fake_twilio_rest import FakeTwilioRest
 
 SAMPLE_RATE_8K = 8_000
 #: Fluent speech in the fixture (the endpointer tests show 9-14 s is never cut).

@@ -28,7 +28,6 @@ from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.spend.journal import SettleRecord
 from rutster.spend.limits import TenantLimits
 from rutster.spend.meter import QuantumPolicy
-from rutster.trunk.twilio.fake_rest import FakeTwilioRest
 from rutster.trunk.twilio.simulator import SimulatedCallee, TwilioSimulator
 from tests.conftest import (
     FAST_MICROS_PER_MINUTE,
@@ -40,6 +39,7 @@ from tests.conftest import (
     serve_gateway,
     tenant_key,
 )
+from tests.support.fake_twilio_rest import FakeTwilioRest
 from tests.test_gateway_calls import RecordingBrain
 
 ACCOUNT_SID = "AC" + "7e" * 16

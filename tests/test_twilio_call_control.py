@@ -19,8 +19,8 @@ from rutster.trunk.twilio.call_control import (
     CallUpdate,
     TwilioCallControl,
 )
-from rutster.trunk.twilio.fake_rest import FakeTwilioRest
 from rutster.trunk.twilio.twiml import transfer_twiml
+from tests.support.fake_twilio_rest import FakeTwilioRest
 from tests.twilio_sdk_recorder import RecordingSdkHttpClient
 
 ACCOUNT_SID = "AC" + "0123456789abcdef" * 2

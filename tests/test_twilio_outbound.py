@@ -37,13 +37,6 @@ from rutster.trunk.twilio.call_control import (
     CreatedCall,
     TwilioCallControl,
 )
-from rutster.trunk.twilio.fake_rest import (
-    FAKE_SERVER_HEADER,
-    CalleeBehaviour,
-    CalleeOutcome,
-    CreatedFakeCall,
-    FakeTwilioRest,
-)
 from rutster.trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
 from rutster.trunk.twilio.simulator import SimulatedCallee, TwilioSimulator, best_lag_correlation
 from rutster.trunk.twilio.twiml import (
@@ -53,6 +46,13 @@ from rutster.trunk.twilio.twiml import (
     transfer_twiml,
 )
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
+from tests.support.fake_twilio_rest import (
+    FAKE_SERVER_HEADER,
+    CalleeBehaviour,
+    CalleeOutcome,
+    CreatedFakeCall,
+    FakeTwilioRest,
+)
 from tests.twilio_sdk_recorder import RecordingSdkHttpClient
 
 ACCOUNT_SID = "AC" + "5a" * 16
