@@ -33,7 +33,7 @@ from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.spend.gate import GatePolicy
 from rutster.spend.limits import TenantLimits
 from rutster.spend.store import CallRecord, SpendStore
-from rutster.trunk.twilio.simulator import TwilioSimulator, new_sid
+from rutster.tools.twilio_simulator import TwilioSimulator, new_sid
 from tests.conftest import (
     TEST_ADMIN_KEY,
     TEST_AUTH_TOKEN,

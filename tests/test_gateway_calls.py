@@ -34,7 +34,7 @@ from rutster.protocols.tap import (
     TapDecoder,
     TapEncoder,
 )
-from rutster.trunk.twilio.simulator import (
+from rutster.tools.twilio_simulator import (
     StreamInstructions,
     TwilioSimulator,
     best_lag_correlation,

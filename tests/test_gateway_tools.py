@@ -19,7 +19,7 @@ from rutster.protocols.tap import (
     ToolsUpdate,
 )
 from rutster.protocols.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
-from rutster.trunk.twilio.simulator import new_sid
+from rutster.tools.twilio_simulator import new_sid
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     RunningGateway,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The package folders the rutster namespace links.
-PACKAGES = ("base", "protocols", "media", "spend", "brains", "trunk", "gateway")
+PACKAGES = ("base", "protocols", "media", "spend", "trunk", "brains", "gateway", "tools")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 

@@ -28,7 +28,7 @@ from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.spend.journal import SettleRecord
 from rutster.spend.limits import TenantLimits
 from rutster.spend.meter import QuantumPolicy
-from rutster.trunk.twilio.simulator import SimulatedCallee, TwilioSimulator
+from rutster.tools.twilio_simulator import SimulatedCallee, TwilioSimulator
 from tests.conftest import (
     FAST_MICROS_PER_MINUTE,
     TEST_AUTH_TOKEN,

@@ -44,7 +44,7 @@ from rutster.spend.limits import TenantLimits
 from rutster.spend.meter import DEFAULT_HANGUP_GUARD_MS, End
 from rutster.spend.prices import PriceTable
 from rutster.spend.store import SpendStore, SpendTotals, redis_client, time_buckets
-from rutster.trunk.twilio.simulator import TwilioSimulator
+from rutster.tools.twilio_simulator import TwilioSimulator
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     eventually,

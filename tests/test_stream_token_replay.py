@@ -27,7 +27,6 @@ from rutster.base.stream_token import STREAM_TOKEN_LIFETIME_S, StreamTokenSigner
 from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.brains.echo import EchoBrain
 from rutster.gateway.config import GatewayConfig
-from rutster.gateway.launcher import LOOPBACK, free_port
 from rutster.gateway.media_socket import (
     REASON_CALL_ENDED,
     REASON_EXPIRED_TOKEN,
@@ -42,16 +41,17 @@ from rutster.gateway.stream_claims import (
 from rutster.gateway.twilio_routes import PARAM_TAP_URL
 from rutster.protocols.tap import AudioIn
 from rutster.spend.store import SpendStore, redis_client
-from rutster.trunk.sip.wire import Admit, Hello, InviteRequest, WorkerMediaCodec, encode_control
-from rutster.trunk.sip.wire import parse_control as parse_sip_control
-from rutster.trunk.twilio.codec import PARAM_TOKEN
-from rutster.trunk.twilio.simulator import (
+from rutster.tools.launcher import LOOPBACK, free_port
+from rutster.tools.twilio_simulator import (
     StreamInstructions,
     TwilioSimulator,
     connected_message,
     new_sid,
     start_message,
 )
+from rutster.trunk.sip.wire import Admit, Hello, InviteRequest, WorkerMediaCodec, encode_control
+from rutster.trunk.sip.wire import parse_control as parse_sip_control
+from rutster.trunk.twilio.codec import PARAM_TOKEN
 from tests.conftest import (
     RunningGateway,
     eventually,

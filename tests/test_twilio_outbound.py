@@ -29,6 +29,7 @@ from twilio.rest import Client
 from rutster.brains.echo import EchoBrain
 from rutster.protocols.call_control import CallControlFailure
 from rutster.protocols.ingress import CallDirection
+from rutster.tools.twilio_simulator import SimulatedCallee, TwilioSimulator, best_lag_correlation
 from rutster.trunk.twilio.call_control import (
     CALL_SID_PATTERN,
     STATUS_CALLBACK_EVENTS,
@@ -38,7 +39,6 @@ from rutster.trunk.twilio.call_control import (
     TwilioCallControl,
 )
 from rutster.trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
-from rutster.trunk.twilio.simulator import SimulatedCallee, TwilioSimulator, best_lag_correlation
 from rutster.trunk.twilio.twiml import (
     MAX_INLINE_TWIML_CHARS,
     reject_twiml,

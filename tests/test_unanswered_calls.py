@@ -26,7 +26,7 @@ import httpx
 
 from rutster.brains.echo import EchoBrain
 from rutster.spend.money import parse_money
-from rutster.trunk.twilio.simulator import SimulatedCallee
+from rutster.tools.twilio_simulator import SimulatedCallee
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     eventually,

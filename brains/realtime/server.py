@@ -6,7 +6,7 @@ Listens for the core on ``/realtime`` (default ``ws://127.0.0.1:8082/realtime``,
 ``hello`` with its own ``hello`` and the ``tools.update`` catalog.
 
 With ``--mock`` the same code talks to the local fake server of
-:mod:`brains.realtime.mock_server` instead of OpenAI: offline, no key. Every
+:mod:`tools.realtime_mock_server` instead of OpenAI: offline, no key. Every
 log line of such a process says MOCK.
 """
 
@@ -279,7 +279,7 @@ async def _serve_until_signalled(config: RealtimeBrainConfig, mock_reply_ms: int
                 config.websocket_base_url,
             )
         elif config.mock:
-            from rutster.brains.realtime.mock_server import MockRealtimeServer
+            from rutster.tools.realtime_mock_server import MockRealtimeServer
 
             mock = (
                 MockRealtimeServer()
