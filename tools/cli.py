@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -121,10 +123,27 @@ def cmd_brain(args: argparse.Namespace) -> int:
                 print("rutster brain realtime: --mock-url needs --mock", file=sys.stderr)
                 return 2
             config = replace(config, websocket_base_url=args.mock_url)
-        run_realtime_brain(config, mock_reply_ms=args.mock_reply_ms)
+            run_realtime_brain(config)
+        elif args.mock:
+            # The brain's own MOCK upstream, started in its event loop (brains do not import
+            # the tools, so the tool side hands it over).
+            reply_ms: int | None = args.mock_reply_ms
+            run_realtime_brain(config, mock_upstream=lambda: _local_mock_realtime(reply_ms))
+        else:
+            run_realtime_brain(config)
         return 0
     print(f"unknown brain {args.brain!r}", file=sys.stderr)
     return 2
+
+
+@contextlib.asynccontextmanager
+async def _local_mock_realtime(reply_ms: int | None) -> AsyncIterator[str]:
+    """The shipped MOCK Realtime server for ``rutster brain realtime --mock``: its base URL."""
+    from rutster.tools.realtime_mock_server import MockRealtimeServer
+
+    mock = MockRealtimeServer() if reply_ms is None else MockRealtimeServer(reply_ms=reply_ms)
+    async with mock:
+        yield mock.websocket_base_url
 
 
 def cmd_tap_conformance(args: argparse.Namespace) -> int:

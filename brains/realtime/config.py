@@ -2,7 +2,7 @@
 
 The API key comes from ``OPENAI_API_KEY`` or, preferably, ``OPENAI_API_KEY_FILE``
 (the file wins); it is hidden from ``repr`` and never logged. In mock mode no
-key is needed: the brain talks to the local fake server (``mock_server.py``).
+key is needed: the brain talks to a local fake server (``tools/realtime_mock_server.py``).
 """
 
 from __future__ import annotations
