@@ -183,7 +183,7 @@ async def test_brain_killed_mid_call_comes_back(stack: Stack, speech_pcm: bytes)
 
 
 async def test_gateway_shutdown_ends_calls_with_reason_shutdown() -> None:
-    from tests.test_gateway_calls import RecordingBrain
+    from tests.support.recording_brain import RecordingBrain
 
     token = secrets.token_urlsafe(16)
     async with RecordingBrain() as brain:

@@ -28,7 +28,8 @@ from tests.conftest import (
     serve_gateway,
 )
 from tests.support.fake_twilio_rest import FakeTwilioRest
-from tests.test_gateway_calls import RecordingBrain, start_stream
+from tests.support.recording_brain import RecordingBrain
+from tests.test_gateway_calls import start_stream
 
 
 class ScriptedToolBrain(RecordingBrain):

@@ -33,7 +33,7 @@ from rutster.tools.sip_peer import SipPeerProcess
 from tests.conftest import TEST_ADMIN_KEY, eventually
 from tests.realtime_echo import check_sip_echo, realtime_echo
 from tests.sip_stack import sip_stack, speech_16k
-from tests.test_gateway_calls import RecordingBrain
+from tests.support.recording_brain import RecordingBrain
 
 SPEECH = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}

@@ -40,7 +40,7 @@ from tests.conftest import (
     tenant_key,
 )
 from tests.support.fake_twilio_rest import FakeTwilioRest
-from tests.test_gateway_calls import RecordingBrain
+from tests.support.recording_brain import RecordingBrain
 
 ACCOUNT_SID = "AC" + "7e" * 16
 CALLER_ID = "+15550001111"

@@ -52,7 +52,7 @@ from tests.conftest import (
     gateway_config,
     serve_gateway,
 )
-from tests.test_gateway_calls import RecordingBrain
+from tests.support.recording_brain import RecordingBrain
 
 #: 2025-12-01T12:00:00Z: the store's wall clock in these tests (windows, buckets).
 NOW = 1_764_590_400_000

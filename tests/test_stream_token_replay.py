@@ -61,7 +61,8 @@ from tests.conftest import (
     suite_redis_url,
     unique_prefix,
 )
-from tests.test_gateway_calls import RecordingBrain, received_media, send_speech, simulator
+from tests.support.recording_brain import RecordingBrain
+from tests.test_gateway_calls import received_media, send_speech, simulator
 
 CALLER = "+15550001111"
 NUMBER = "+15550002222"

@@ -21,7 +21,7 @@ from rutster.trunk.twilio.call_control import (
 )
 from rutster.trunk.twilio.twiml import transfer_twiml
 from tests.support.fake_twilio_rest import FakeTwilioRest
-from tests.twilio_sdk_recorder import RecordingSdkHttpClient
+from tests.support.twilio_sdk_recorder import RecordingSdkHttpClient
 
 ACCOUNT_SID = "AC" + "0123456789abcdef" * 2
 AUTH_TOKEN = "secret-auth-token-do-not-leak-4242"

@@ -53,7 +53,7 @@ from tests.support.fake_twilio_rest import (
     CreatedFakeCall,
     FakeTwilioRest,
 )
-from tests.twilio_sdk_recorder import RecordingSdkHttpClient
+from tests.support.twilio_sdk_recorder import RecordingSdkHttpClient
 
 ACCOUNT_SID = "AC" + "5a" * 16
 AUTH_TOKEN = TEST_AUTH_TOKEN  # the gateway in the end-to-end test checks signatures with it
