@@ -31,9 +31,9 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from rutster.gateway.launcher import LOOPBACK, echo_brain_process, gateway_process
 from rutster.media.vad import DEFAULT_DETECTOR, DETECTOR_NAMES
-from rutster.trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator, read_wav_8k
+from rutster.tools.launcher import LOOPBACK, echo_brain_process, gateway_process
+from rutster.tools.twilio_simulator import SimulatedCallResult, TwilioSimulator, read_wav_8k
 
 SPEECH_WAV = Path(__file__).resolve().parent.parent / "tests/fixtures/audio/caller_speech_8k.wav"
 #: Goal from the foundation issue: p99 outbound pacing jitter ≤ 10 ms.

@@ -19,7 +19,7 @@ ms a capture frame takes to arrive whole: measured 160, 280 and 480 ms at 80,
 200 and 400 ms round trip, 20 dB ERL), no resampler's delay in it.
 
 The assistant is the speech fixture's 3-9 s and the mock voice
-(:func:`brains.realtime.mock_voice.synthesize_reply`); the caller is the
+(:func:`tools.realtime_mock_voice.synthesize_reply`); the caller is the
 fixture's 9-14 s and 19-24 s, so the two never share audio.
 
 Per delay/ERL condition it prints, side by side for the energy gate
@@ -51,7 +51,6 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from rutster.brains.realtime.mock_voice import synthesize_reply
 from rutster.media.echo_gate import (
     NEAR_END_FLOOR_DBFS,
     EchoCancellerUnavailableError,
@@ -71,7 +70,8 @@ from rutster.media.formats import (
 from rutster.media.g711 import ulaw_decode, ulaw_encode
 from rutster.media.narrowband import NarrowbandTap
 from rutster.media.transform import InboundTransform, OutboundTransform
-from rutster.trunk.twilio.simulator import read_wav_8k
+from rutster.tools.realtime_mock_voice import synthesize_reply
+from rutster.tools.twilio_simulator import read_wav_8k
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/audio/caller_speech_8k.wav"
 

@@ -67,15 +67,15 @@ from bench.fuzz_messages import (
     unauthenticated_stream_url,
     webhook_request,
 )
-from rutster.gateway.launcher import (
+from rutster.media.pacer import DEFAULT_LEAD_MS
+from rutster.tools.launcher import (
     LOOPBACK,
     Service,
     echo_brain_process,
     free_port,
     gateway_process,
 )
-from rutster.media.pacer import DEFAULT_LEAD_MS
-from rutster.trunk.twilio.simulator import (
+from rutster.tools.twilio_simulator import (
     SimulatedCallResult,
     TwilioSimulator,
     new_sid,

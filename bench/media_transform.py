@@ -34,8 +34,8 @@ from rutster.media.g711 import ulaw_encode
 from rutster.media.resample import DEFAULT_ENGINE, DEFAULT_QUALITY, ResamplerEngine
 from rutster.media.transform import InboundTransform, OutboundTransform
 from rutster.protocols.ingress import AudioReceived, PlayAudio
+from rutster.tools.twilio_simulator import start_message
 from rutster.trunk.twilio.codec import TwilioStreamCodec
-from rutster.trunk.twilio.simulator import start_message
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests/fixtures/audio/caller_speech_8k.wav"
 #: Budget per 20 ms frame, inbound (issue goal).

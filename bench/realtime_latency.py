@@ -41,7 +41,6 @@ import statistics
 from pathlib import Path
 
 from rutster.gateway.config import GatewayConfig
-from rutster.gateway.launcher import LOOPBACK, free_port, gateway_process, realtime_brain_process
 from rutster.gateway.media_engine import MediaEngine
 from rutster.gateway.server import limit_numeric_threads
 from rutster.media.echo_gate import EchoGate, EchoGateConfig
@@ -50,7 +49,8 @@ from rutster.media.g711 import ulaw_encode
 from rutster.media.vad import SPEECH_THRESHOLD, make_detector
 from rutster.protocols.ingress import AudioReceived
 from rutster.protocols.tap import SpeechStopped
-from rutster.trunk.twilio.simulator import (
+from rutster.tools.launcher import LOOPBACK, free_port, gateway_process, realtime_brain_process
+from rutster.tools.twilio_simulator import (
     SIM_FRAME_BYTES,
     SIM_FRAME_MS,
     ConversationScript,

@@ -64,10 +64,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.eval_corpus import NoiseBurst, Utterance, noise_bursts, scale_to_dbfs, utterances
-from rutster.brains.realtime.mock_voice import synthesize_reply
 from rutster.gateway.reflex import PAUSE_ON, PAUSE_PROBABILITY, PauseOn, ReflexConfig
 from rutster.gateway.server import limit_numeric_threads
 from rutster.protocols.tap import SpeechStarted, SpeechStopped
+from rutster.tools.realtime_mock_voice import synthesize_reply
 from tests.support.engine_rig import (
     RATE,
     EchoPath,

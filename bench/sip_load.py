@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from rutster.gateway.cli import main
+from rutster.tools.cli import main
 
 if __name__ == "__main__":  # the peers are spawned processes: they re-import this module
     sys.exit(main(["sip-load", *sys.argv[1:]]))

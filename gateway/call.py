@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from rutster.brains.tool_catalog import TOOL_CATALOG
 from rutster.gateway.call_trail import CallTrail
 from rutster.gateway.config import GatewayConfig
 from rutster.gateway.event_bus import CallEvent, EventBus
@@ -74,6 +73,7 @@ from rutster.protocols.tap import (
     ToolsUpdate,
     Usage,
 )
+from rutster.protocols.tool_catalog import TOOL_CATALOG
 from rutster.spend.gate import CallSpend
 from rutster.spend.store import StoreUnavailable
 

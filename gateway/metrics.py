@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from rutster.brains.tool_catalog import TOOL_CATALOG
 from rutster.gateway.event_bus import CallEvent
+from rutster.protocols.tool_catalog import TOOL_CATALOG
 
 #: Pacer wake-up lateness buckets (seconds): fine below the 10 ms jitter goal of
 #: the foundation issue, coarse above it.

@@ -20,7 +20,6 @@ import uvicorn
 from rutster.brains.echo import EchoBrain
 from rutster.gateway.app import create_app
 from rutster.gateway.config import GatewayConfig
-from rutster.gateway.launcher import LOOPBACK, free_port
 from rutster.gateway.provider_registry import ProviderRegistry
 from rutster.gateway.reflex import ReflexConfig
 from rutster.gateway.server import uvicorn_config
@@ -32,7 +31,8 @@ from rutster.spend.gate import GatePolicy
 from rutster.spend.limits import TenantLimits
 from rutster.spend.meter import QuantumPolicy
 from rutster.spend.prices import PriceTable, TelephonyRate
-from rutster.trunk.twilio.simulator import read_wav_8k
+from rutster.tools.launcher import LOOPBACK, free_port
+from rutster.tools.twilio_simulator import read_wav_8k
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SPEECH_WAV = FIXTURES / "audio" / "caller_speech_8k.wav"

@@ -2,7 +2,7 @@
 
 The echo brain sends the caller's audio straight back, so what the caller
 heard is what it said, a round trip later. Judged window by window
-(:func:`trunk.twilio.simulator.echo_windows`), each at its own delay:
+(:func:`tools.twilio_simulator.echo_windows`), each at its own delay:
 
 - every window with speech correlates at least :data:`MIN_WINDOW_CORRELATION`,
   except a lone window where the delay stepped and was won back: the windows
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rutster.trunk.twilio.simulator import SimulatedCallResult, best_lag_correlation, echo_windows
+from rutster.tools.twilio_simulator import SimulatedCallResult, best_lag_correlation, echo_windows
 
 #: Text that starts every echo-quality failure (tests/realtime_echo.py reruns on it).
 ECHO_SHORTFALL = "echo shortfall"

@@ -3,7 +3,7 @@
 An echo test through the gateway judges what the caller heard against what it
 said, in real time, across several processes: for SIP the pjsua caller, one or
 more workers, the gateway, the echo brain and Redis, judged by correlation per
-half-second segment (:func:`trunk.sip.load_generator.analyse_echo`); for Twilio
+half-second segment (:func:`tools.sip_load_generator.analyse_echo`); for Twilio
 the simulator, the gateway and the brain, judged window by window
 (:func:`tests.echo_checks.judge_echo`). On CI's shared two-core machine a stall
 of the host spoils that now and then:

@@ -1,6 +1,6 @@
 """A whole SIP path on loopback for tests: gateway (in-process) + SIP worker process(es).
 
-The caller or callee is a real pjsua2 phone (``trunk.sip.peer.SipPeerProcess``)
+The caller or callee is a real pjsua2 phone (``tools.sip_peer.SipPeerProcess``)
 in its own process; the worker is the real ``rutster sip-worker`` in another.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import soxr
 
-from rutster.gateway.launcher import LOOPBACK, Service, free_port, sip_worker_process
-from rutster.trunk.twilio.simulator import read_wav_8k
+from rutster.tools.launcher import LOOPBACK, Service, free_port, sip_worker_process
+from rutster.tools.twilio_simulator import read_wav_8k
 from tests.conftest import RunningGateway, eventually, gateway_config, serve_gateway
 
 #: The suite's shared SIP secret (gateway and workers).

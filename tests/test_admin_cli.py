@@ -1,6 +1,6 @@
 """``rutster admin``: the operator CLI against a real gateway under uvicorn.
 
-The CLI is synchronous (httpx): each test runs ``gateway.cli.main`` in a thread
+The CLI is synchronous (httpx): each test runs ``tools.cli.main`` in a thread
 while the gateway serves in the test's event loop, with the environment set
 through ``monkeypatch``.
 """
@@ -21,9 +21,9 @@ from rutster.brains.echo import EchoBrain
 from rutster.gateway import admin_cli
 from rutster.gateway.admin_cli import EXIT_API_ERROR, EXIT_CONFIG, EXIT_OK, EXIT_UNREACHABLE
 from rutster.gateway.api.schemas import API_KEY_PATTERN
-from rutster.gateway.cli import main
-from rutster.gateway.launcher import LOOPBACK, free_port
 from rutster.spend.limits import TenantLimits
+from rutster.tools.cli import main
+from rutster.tools.launcher import LOOPBACK, free_port
 from tests.conftest import (
     TEST_ADMIN_KEY,
     RunningGateway,

@@ -43,9 +43,9 @@ from schemathesis import CheckContext, Response
 from schemathesis.schemas import BaseSchema
 
 from rutster.brains.echo import EchoBrain
-from rutster.trunk.twilio.fake_rest import CalleeBehaviour, CalleeOutcome, FakeTwilioRest
 from tests.conftest import TEST_ADMIN_KEY, TEST_AUTH_TOKEN, gateway_config, serve_gateway
 from tests.conftest import spend_settings as suite_spend_settings
+from tests.support.fake_twilio_rest import CalleeBehaviour, CalleeOutcome, FakeTwilioRest
 
 #: A case of any OpenAPI operation (schemathesis' Case is generic in its operation).
 Case = GenericCase[Any]

@@ -33,8 +33,7 @@ from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.spend.gate import GatePolicy
 from rutster.spend.limits import TenantLimits
 from rutster.spend.store import CallRecord, SpendStore
-from rutster.trunk.twilio.fake_rest import CalleeOutcome, FakeTwilioRest
-from rutster.trunk.twilio.simulator import TwilioSimulator, new_sid
+from rutster.tools.twilio_simulator import TwilioSimulator, new_sid
 from tests.conftest import (
     TEST_ADMIN_KEY,
     TEST_AUTH_TOKEN,
@@ -43,6 +42,7 @@ from tests.conftest import (
     serve_gateway,
     spend_settings,
 )
+from tests.support.fake_twilio_rest import CalleeOutcome, FakeTwilioRest
 
 ACCOUNT_SID = "AC" + "e2" * 16
 #: The tenant's own number (the caller id of placed calls).

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from rutster.brains.realtime.mock_server import MockRealtimeServer
 from rutster.gateway.call import Call
-from rutster.gateway.launcher import LOOPBACK, free_port, realtime_brain_process
 from rutster.gateway.reflex import PauseOn, ReflexConfig
 from rutster.media.echo_gate import EchoGate
-from rutster.trunk.twilio.simulator import (
+from rutster.tools.launcher import LOOPBACK, free_port, realtime_brain_process
+from rutster.tools.realtime_mock_server import MockRealtimeServer
+from rutster.tools.twilio_simulator import (
     SIM_SAMPLE_RATE,
     BargeIn,
     BargeInCaller,

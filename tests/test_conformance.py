@@ -19,21 +19,7 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from rutster.brains import conformance
-from rutster.brains.conformance import (
-    RULES,
-    ConformanceReport,
-    RuleResult,
-    RuleStatus,
-    _validate_call,
-    format_result,
-    main,
-    run_conformance,
-    voiced_pcm,
-)
 from rutster.brains.echo import EchoBrain
-from rutster.brains.marker_tone import contains_marker_tone, marker_tone_pcm
-from rutster.gateway.launcher import LOOPBACK, free_port
 from rutster.protocols.tap import (
     MAX_MESSAGE_BYTES,
     AudioIn,
@@ -50,6 +36,20 @@ from rutster.protocols.tap import (
     ToolsUpdate,
     UnknownTapEvent,
 )
+from rutster.tools import conformance
+from rutster.tools.conformance import (
+    RULES,
+    ConformanceReport,
+    RuleResult,
+    RuleStatus,
+    _validate_call,
+    format_result,
+    main,
+    run_conformance,
+    voiced_pcm,
+)
+from rutster.tools.launcher import LOOPBACK, free_port
+from rutster.tools.marker_tone import contains_marker_tone, marker_tone_pcm
 
 PASS, FAIL, SKIP = RuleStatus.PASS, RuleStatus.FAIL, RuleStatus.SKIP
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -502,7 +502,7 @@ def test_main_refuses_bad_arguments(argv: list[str]) -> None:
 
 def test_python_dash_m_entry_point() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "rutster.brains.conformance", "--help"],
+        [sys.executable, "-m", "rutster.tools.conformance", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -22,7 +22,7 @@ import httpx
 from playwright.async_api import Browser, BrowserContext, Expect, Locator, Page
 
 from rutster.brains.echo import EchoBrain
-from rutster.trunk.twilio.simulator import (
+from rutster.tools.twilio_simulator import (
     SIM_FRAME_BYTES,
     SIM_SAMPLE_RATE,
     SimulatedCallResult,

@@ -26,7 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from rutster.gateway.dashboard import STATIC_DIR
-from rutster.gateway.launcher import LOOPBACK, free_port
+from rutster.tools.launcher import LOOPBACK, free_port
 from tests.browser import (  # noqa: F401  (chromium_* are pytest fixtures, used by name)
     artifact_path,
     chromium_browser,

@@ -16,11 +16,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: The project's own folders and files whose text may cite documents.
 SOURCES = (
+    "tools",
     "gateway",
     "media",
     "brains",
     "trunk",
     "spend",
+    "protocols",
+    "base",
     "tests",
     "bench",
     "docs",

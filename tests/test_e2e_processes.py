@@ -20,10 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed
 
 from rutster.base.backoff import TAP_RECONNECT_DELAYS_S
-from rutster.gateway.launcher import LOOPBACK, Service, echo_brain_process, gateway_process, spawn
 from rutster.media.pacer import DEFAULT_LEAD_MS
 from rutster.protocols.tap import Hello, SessionEnd
-from rutster.trunk.twilio.simulator import (
+from rutster.tools.launcher import LOOPBACK, Service, echo_brain_process, gateway_process, spawn
+from rutster.tools.twilio_simulator import (
     TwilioSimulator,
     best_lag_correlation,
     connected_message,
@@ -183,7 +183,7 @@ async def test_brain_killed_mid_call_comes_back(stack: Stack, speech_pcm: bytes)
 
 
 async def test_gateway_shutdown_ends_calls_with_reason_shutdown() -> None:
-    from tests.test_gateway_calls import RecordingBrain
+    from tests.support.recording_brain import RecordingBrain
 
     token = secrets.token_urlsafe(16)
     async with RecordingBrain() as brain:

@@ -7,13 +7,13 @@ import base64
 import contextlib
 import json
 from dataclasses import replace
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rutster.brains.echo import EchoBrain
@@ -24,7 +24,6 @@ from rutster.gateway.server import MAX_WS_MESSAGE_BYTES
 from rutster.media.g711 import ulaw_encode
 from rutster.protocols.tap import (
     AudioClear,
-    AudioIn,
     AudioOut,
     Direction,
     Dtmf,
@@ -34,7 +33,7 @@ from rutster.protocols.tap import (
     TapDecoder,
     TapEncoder,
 )
-from rutster.trunk.twilio.simulator import (
+from rutster.tools.twilio_simulator import (
     StreamInstructions,
     TwilioSimulator,
     best_lag_correlation,
@@ -55,6 +54,7 @@ from tests.conftest import (
 )
 from tests.echo_checks import assert_echo_intact
 from tests.realtime_echo import realtime_echo
+from tests.support.recording_brain import RecordingBrain
 
 FRAME = 160  # 20 ms of 8 kHz μ-law
 
@@ -490,46 +490,6 @@ async def test_healthz_and_metrics(gateway: RunningGateway) -> None:
         "rutster_signature_failures_total",
     ):
         assert name in metrics
-
-
-class RecordingBrain:
-    """A loopback brain that echoes audio like the echo brain and records every core event.
-
-    Subclasses change how it answers by overriding :meth:`respond`.
-    """
-
-    def __init__(self) -> None:
-        self.events: list[object] = []
-        self.url = ""
-        self._server: Server | None = None
-
-    async def __aenter__(self) -> Self:
-        self._server = await serve(self._handle, "127.0.0.1", 0, compression=None)
-        port = next(iter(self._server.sockets)).getsockname()[1]
-        self.url = f"ws://127.0.0.1:{port}/recording"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
-
-    async def _handle(self, ws: ServerConnection) -> None:
-        decoder = TapDecoder(Direction.CORE_TO_BRAIN)
-        encoder = TapEncoder(start_ms=0.0)
-        with contextlib.suppress(ConnectionClosed):
-            async for message in ws:
-                event = decoder.decode(message)
-                self.events.append(event)
-                await self.respond(ws, encoder, event)
-
-    async def respond(self, ws: ServerConnection, encoder: TapEncoder, event: object) -> None:
-        """Answer one core event (here: echo audio back)."""
-        if isinstance(event, AudioIn):
-            await ws.send(encoder.encode(AudioOut(event.pcm, item="rec"), 0.0))
-
-    def of_type(self, kind: type) -> list[object]:
-        return [e for e in self.events if isinstance(e, kind)]
 
 
 async def test_dtmf_and_session_end_reach_the_brain(echo_brain: EchoBrain) -> None:

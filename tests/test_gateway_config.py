@@ -20,7 +20,7 @@ from rutster.gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES
 from rutster.gateway.reflex import PauseOn
 from rutster.media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
 from rutster.media.playout import DEFAULT_MAX_MS
-from rutster.trunk.twilio.simulator import TwilioSimulator, new_sid, parse_connect_stream
+from rutster.tools.twilio_simulator import TwilioSimulator, new_sid, parse_connect_stream
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
 
 TOKEN = "tok-SECRET-7f3a9c"  # distinctive, so a leak into a message or repr is easy to spot

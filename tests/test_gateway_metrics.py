@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from rutster.brains.tool_catalog import TOOL_CATALOG
 from rutster.gateway.event_bus import CallEvent
 from rutster.gateway.metrics import OTHER_TOOL_LABEL, GatewayMetrics
+from rutster.protocols.tool_catalog import TOOL_CATALOG
 
 
 def _tool_call(tool: str, status: str = "not_implemented") -> CallEvent:

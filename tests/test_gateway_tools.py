@@ -8,7 +8,6 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 
-from rutster.brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
 from rutster.protocols.tap import (
     MAX_ID_CHARS,
     FunctionCall,
@@ -19,8 +18,8 @@ from rutster.protocols.tap import (
     ToolSpec,
     ToolsUpdate,
 )
-from rutster.trunk.twilio.fake_rest import FakeTwilioRest
-from rutster.trunk.twilio.simulator import new_sid
+from rutster.protocols.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
+from rutster.tools.twilio_simulator import new_sid
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     RunningGateway,
@@ -28,7 +27,9 @@ from tests.conftest import (
     gateway_config,
     serve_gateway,
 )
-from tests.test_gateway_calls import RecordingBrain, start_stream
+from tests.support.fake_twilio_rest import FakeTwilioRest
+from tests.support.recording_brain import RecordingBrain
+from tests.test_gateway_calls import start_stream
 
 
 class ScriptedToolBrain(RecordingBrain):

@@ -29,7 +29,6 @@ from websockets.exceptions import ConnectionClosed
 
 from rutster.brains.echo import EchoBrain
 from rutster.gateway.call import Call, monotonic_ms
-from rutster.gateway.launcher import LOOPBACK
 from rutster.gateway.tap_client import TAP_CLOSE_TIMEOUT_S
 from rutster.protocols.tap import (
     MAX_AUDIO_OUT_SAMPLES,
@@ -43,7 +42,8 @@ from rutster.protocols.tap import (
     TapDecoder,
     TapEncoder,
 )
-from rutster.trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator
+from rutster.tools.launcher import LOOPBACK
+from rutster.tools.twilio_simulator import SimulatedCallResult, TwilioSimulator
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     RunningGateway,

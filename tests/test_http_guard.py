@@ -14,9 +14,9 @@ import websockets
 
 from rutster.gateway.app import create_app
 from rutster.gateway.http_guard import HttpGuardStats, guarded_http_protocol
-from rutster.gateway.launcher import LOOPBACK, free_port
 from rutster.gateway.server import uvicorn_config
 from rutster.gateway.state import GatewayState
+from rutster.tools.launcher import LOOPBACK, free_port
 from tests.conftest import eventually, gateway_config
 
 #: Short deadlines so the test does not wait the production 10 s.

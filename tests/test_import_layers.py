@@ -13,9 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 #: The package folders the rutster namespace links.
-PACKAGES = ("base", "protocols", "media", "spend", "brains", "trunk", "gateway")
+PACKAGES = ("base", "protocols", "media", "spend", "trunk", "brains", "gateway", "tools")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -39,18 +41,32 @@ def test_the_layers_hold() -> None:
     assert "1 kept, 0 broken" in done.stdout
 
 
-def test_an_upward_import_breaks_the_layers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("module", "statement", "importer", "imported"),
+    [
+        # The bottom of the stack importing the top.
+        ("media/formats.py", "from rutster.gateway import call", "media.formats", "gateway.call"),
+        # Spend stands beside the protocols: it may not bill in the tap's types.
+        ("spend/money.py", "from rutster.protocols import tap", "spend.money", "protocols.tap"),
+        # The product never imports the shipped tools.
+        ("gateway/call.py", "from rutster.tools import launcher", "gateway.call", "tools.launcher"),
+    ],
+)
+def test_an_upward_import_breaks_the_layers(
+    tmp_path: Path, module: str, statement: str, importer: str, imported: str
+) -> None:
     (tmp_path / "rutster").mkdir()
     shutil.copy(ROOT / "rutster" / "__init__.py", tmp_path / "rutster" / "__init__.py")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     for name in PACKAGES:
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
         (tmp_path / "rutster" / name).symlink_to(Path("..") / name)
-    formats = tmp_path / "media" / "formats.py"
-    formats.write_text(formats.read_text() + "\nfrom rutster.gateway import call  # upward\n")
+    source = tmp_path / module
+    source.write_text(source.read_text() + f"\n{statement}  # upward\n")
 
     done = _lint(tmp_path)
     assert done.returncode != 0
     assert "0 kept, 1 broken" in done.stdout
-    assert "rutster.media is not allowed to import rutster.gateway" in done.stdout
-    assert "rutster.media.formats -> rutster.gateway.call" in done.stdout
+    package, other = importer.split(".")[0], imported.split(".")[0]
+    assert f"rutster.{package} is not allowed to import rutster.{other}" in done.stdout
+    assert f"rutster.{importer} -> rutster.{imported}" in done.stdout

@@ -41,7 +41,7 @@ NOT_SOURCE = shutil.ignore_patterns(
 )
 #: The folders the repository keeps at its top level, which must install only
 #: under the rutster namespace.
-TOP_LEVEL_FOLDERS = ("gateway", "media", "brains", "trunk", "spend")
+TOP_LEVEL_FOLDERS = ("tools", "gateway", "brains", "trunk", "spend", "protocols", "media", "base")
 #: A fresh install, a wheel build and the demo's 5 s call, with room for a slow host.
 INSTALL_TIMEOUT_S = 300
 DEMO_TIMEOUT_S = 170

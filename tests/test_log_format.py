@@ -34,7 +34,7 @@ def test_a_peer_string_stays_on_its_line_and_a_traceback_keeps_its_own() -> None
 
 def test_the_gateway_and_sip_worker_log_one_line_per_record() -> None:
     """What ``rutster serve`` (and ``rutster sip-worker``) set up: one line per record."""
-    for module in ("rutster.gateway.cli", "rutster.trunk.sip.cli"):
+    for module in ("rutster.tools.cli", "rutster.trunk.sip.cli"):
         code = (
             f"import logging; from {module} import _setup_logging; _setup_logging('info'); "
             f"logging.getLogger('rutster.gateway.tap').warning('brain error: %s', {FORGED!r})"

@@ -13,7 +13,6 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from rutster.brains.realtime.mock_voice import synthesize_reply
 from rutster.media.echo_gate import (
     MAX_ERL_RISE_DB_PER_S,
     MIN_ERL_DB,
@@ -37,7 +36,8 @@ from rutster.media.formats import (
 from rutster.media.g711 import ulaw_decode, ulaw_encode
 from rutster.media.narrowband import NarrowbandTap
 from rutster.media.transform import InboundTransform, OutboundTransform
-from rutster.trunk.twilio.simulator import read_wav_8k
+from rutster.tools.realtime_mock_voice import synthesize_reply
+from rutster.tools.twilio_simulator import read_wav_8k
 
 FIXTURE = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
 WIRE_RATE = TWILIO_MULAW_8K.sample_rate

@@ -33,7 +33,7 @@ from rutster.media.formats import (
     NARROWBAND_FRAME_SAMPLES,
     NARROWBAND_SAMPLE_RATE,
 )
-from rutster.trunk.twilio.simulator import read_wav_8k
+from rutster.tools.twilio_simulator import read_wav_8k
 
 FIXTURE = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
 FRAME_MS = float(FRAME_MS_INT)

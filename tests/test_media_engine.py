@@ -19,7 +19,6 @@ import soxr
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from rutster.brains.realtime.mock_voice import synthesize_reply
 from rutster.gateway.media_engine import BadInput, BrainAudio, MediaEngine
 from rutster.media.echo_gate import EchoGate
 from rutster.media.formats import (
@@ -46,7 +45,8 @@ from rutster.protocols.tap import (
     TapEncoder,
     TurnOwner,
 )
-from rutster.trunk.twilio.simulator import media_message
+from rutster.tools.realtime_mock_voice import synthesize_reply
+from rutster.tools.twilio_simulator import media_message
 from tests.conftest import eventually, gateway_config, serve_gateway
 from tests.support.engine_rig import LINE_RATE, RATE, ReflexRig
 from tests.test_gateway_calls import start_stream

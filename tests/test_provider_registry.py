@@ -44,15 +44,15 @@ from rutster.protocols.ingress import CallDirection, StreamStarted
 from rutster.spend.gate import AdmissionRequest
 from rutster.spend.prices import PriceTable, TelephonyRate
 from rutster.spend.store import CallRecord
-from rutster.trunk.sip.wire import WorkerMediaCodec
-from rutster.trunk.twilio.codec import PARAM_TOKEN
-from rutster.trunk.twilio.simulator import (
+from rutster.tools.twilio_simulator import (
     connected_message,
     media_message,
     new_sid,
     start_message,
     stop_message,
 )
+from rutster.trunk.sip.wire import WorkerMediaCodec
+from rutster.trunk.twilio.codec import PARAM_TOKEN
 from tests.conftest import (
     eventually,
     gateway_config,

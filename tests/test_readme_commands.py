@@ -21,7 +21,7 @@ Blocks: ``real`` (README, "Running it for real": echo brain + gateway; the test 
 Twilio with the simulator, signing with the auth token the gateway was given), ``local``
 (README, "Try it locally": echo brain + gateway + ``rutster call``, all three run as
 written) and ``sip-local`` (docs/SIP.md: echo brain + gateway with a SIP secret + one
-``rutster sip-worker``; the caller is the pjsua2 test phone, ``trunk/sip/peer.py``).
+``rutster sip-worker``; the caller is the pjsua2 test phone, ``tools/sip_peer.py``).
 
 What is substituted, and why; nothing else is (no reflex, VAD or barge-in setting, no flag):
 
@@ -74,8 +74,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rutster.base.env_values import read_secret
-from rutster.gateway.launcher import LOOPBACK, Service, free_port, wait_healthy, wait_listening
-from rutster.trunk.twilio.simulator import TwilioSimulator, best_lag_correlation, read_wav_8k
+from rutster.tools.launcher import LOOPBACK, Service, free_port, wait_healthy, wait_listening
+from rutster.tools.twilio_simulator import TwilioSimulator, best_lag_correlation, read_wav_8k
 from tests.echo_checks import transient_steps_only
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -441,7 +441,7 @@ def assert_echo_on_time(label: str, sent: bytes, heard: bytes, rate: int) -> Non
 
 
 #: Segment length of the jitter-buffered (SIP) check: a word or two of the fixture, the same
-#: figure ``trunk/sip/load_generator.py`` measured (``CORRELATION_SEGMENT_S``): short enough
+#: figure ``tools/sip_load_generator.py`` measured (``CORRELATION_SEGMENT_S``): short enough
 #: that a 10-20 ms jitter-buffer resync cuts only the one segment it falls in.
 JB_SEGMENT_S = 0.5
 #: Share of the voiced segments that must come back at :data:`MIN_CORRELATION` or better.
@@ -599,7 +599,7 @@ async def test_try_it_locally_echoes_a_twilio_call_on_time() -> None:
 
 async def test_sip_try_it_locally_echoes_a_pjsua2_call_on_time() -> None:
     pytest.importorskip("pjsua2", reason="pjsua2-python is not installed (SIP legs need it)")
-    from rutster.trunk.sip.peer import SipPeerProcess
+    from rutster.tools.sip_peer import SipPeerProcess
     from tests.sip_stack import speech_16k
 
     speech = speech_16k(str(SPEECH_WAV), CALL_SECONDS)

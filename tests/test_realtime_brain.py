@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from rutster.base.env_values import ConfigError
-from rutster.brains.conformance import RuleStatus, run_conformance
 from rutster.brains.realtime.bridge import AuthFailureLatch
 from rutster.brains.realtime.config import DEFAULT_MODEL, MOCK_API_KEY, RealtimeBrainConfig
-from rutster.brains.realtime.mock_server import MockRealtimeServer
 from rutster.brains.realtime.server import RealtimeBrain
 from rutster.brains.realtime.translator import ERROR_AUTH_FAILED, ERROR_UPSTREAM_DISCONNECT
-from rutster.brains.tool_catalog import HANGUP_TOOL
-from rutster.gateway.launcher import LOOPBACK, realtime_brain_process
-from rutster.trunk.twilio.simulator import TwilioSimulator
+from rutster.protocols.tool_catalog import HANGUP_TOOL
+from rutster.tools.conformance import RuleStatus, run_conformance
+from rutster.tools.launcher import LOOPBACK, realtime_brain_process
+from rutster.tools.realtime_mock_server import MockRealtimeServer
+from rutster.tools.twilio_simulator import TwilioSimulator
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
 from tests.test_realtime_e2e import SPEECH_FROM_S, pcm8k_slice, silence_8k
 
@@ -165,7 +165,7 @@ def test_instructions_from_a_file(tmp_path: Path) -> None:
 def test_process_without_a_key_exits_at_startup_with_a_clear_message() -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parent.parent)}
     proc = subprocess.run(
-        [sys.executable, "-m", "rutster.gateway.cli", "brain", "realtime", "--bind", "127.0.0.1:0"],
+        [sys.executable, "-m", "rutster.tools.cli", "brain", "realtime", "--bind", "127.0.0.1:0"],
         env=env,
         capture_output=True,
         text=True,

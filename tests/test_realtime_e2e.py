@@ -16,18 +16,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rutster.brains.marker_tone import marker_tone_pcm
 from rutster.brains.realtime.config import MOCK_API_KEY, RealtimeBrainConfig
-from rutster.brains.realtime.mock_server import MockRealtimeServer, MockSession
 from rutster.brains.realtime.server import RealtimeBrain
-from rutster.brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
-from rutster.gateway.launcher import LOOPBACK, free_port, realtime_brain_process
 from rutster.gateway.tool_registry import ToolLimits
 from rutster.gateway.transfer_allowlist import TransferAllowlist
 from rutster.media.resample import StreamResampler
 from rutster.protocols.tap import SessionEndReason
-from rutster.trunk.twilio.fake_rest import FakeTwilioRest
-from rutster.trunk.twilio.simulator import SimulatedCallResult, TwilioSimulator, new_sid
+from rutster.protocols.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
+from rutster.tools.launcher import LOOPBACK, free_port, realtime_brain_process
+from rutster.tools.marker_tone import marker_tone_pcm
+from rutster.tools.realtime_mock_server import MockRealtimeServer, MockSession
+from rutster.tools.twilio_simulator import SimulatedCallResult, TwilioSimulator, new_sid
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     RunningGateway,
@@ -35,6 +34,7 @@ from tests.conftest import (
     gateway_config,
     serve_gateway,
 )
+from tests.support.fake_twilio_rest import FakeTwilioRest
 
 SAMPLE_RATE_8K = 8_000
 #: Fluent speech in the fixture (the endpointer tests show 9-14 s is never cut).

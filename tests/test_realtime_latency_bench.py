@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.realtime_latency import SPEECH_FROM_S, SPEECH_S, SPEECH_WAV, end_of_turn_ms
-from rutster.trunk.twilio.simulator import SIM_SAMPLE_RATE, conversation_script, read_wav_8k
+from rutster.tools.twilio_simulator import SIM_SAMPLE_RATE, conversation_script, read_wav_8k
 
 
 def test_a_turn_ending_in_speech_ends_on_the_last_silent_frame_of_the_setting() -> None:

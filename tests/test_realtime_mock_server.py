@@ -48,8 +48,10 @@ from openai.types.realtime.response_function_call_arguments_done_event import (
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK, InvalidStatus
 
-from rutster.brains.marker_tone import contains_marker_tone, marker_tone_pcm
-from rutster.brains.realtime.mock_server import (
+from rutster.media.g711 import ulaw_decode, ulaw_encode
+from rutster.media.resample import StreamResampler
+from rutster.tools.marker_tone import contains_marker_tone, marker_tone_pcm
+from rutster.tools.realtime_mock_server import (
     DEFAULT_MARKER_TOOL,
     DELTA_MS,
     MAX_KEPT_TURNS,
@@ -58,14 +60,12 @@ from rutster.brains.realtime.mock_server import (
     MockServerConfigError,
     mock_usage,
 )
-from rutster.brains.realtime.mock_voice import (
+from rutster.tools.realtime_mock_voice import (
     MockVoiceError,
     ReplyWavError,
     load_reply_wav,
     synthesize_reply,
 )
-from rutster.media.g711 import ulaw_decode, ulaw_encode
-from rutster.media.resample import StreamResampler
 
 SPEECH_WAV = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -687,7 +687,7 @@ def test_mock_usage_has_the_real_shape() -> None:
 
 def test_main_prints_a_mock_banner_and_the_base_url() -> None:
     with subprocess.Popen(
-        [sys.executable, "-m", "rutster.brains.realtime.mock_server", "--port", "0"],
+        [sys.executable, "-m", "rutster.tools.realtime_mock_server", "--port", "0"],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

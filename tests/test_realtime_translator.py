@@ -16,7 +16,6 @@ from rutster.brains.realtime.translator import (
     RealtimeTranslator,
     session_update,
 )
-from rutster.brains.tool_catalog import HANGUP_TOOL
 from rutster.protocols.tap import (
     AdvisorySpeechStarted,
     AdvisorySpeechStopped,
@@ -31,6 +30,7 @@ from rutster.protocols.tap import (
     ToolStatus,
     Usage,
 )
+from rutster.protocols.tool_catalog import HANGUP_TOOL
 
 FRAME = b"\x01\x00" * 480  # 20 ms at 24 kHz
 CONFIG = RealtimeBrainConfig(api_key="k", tools=(HANGUP_TOOL,))

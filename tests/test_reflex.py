@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from bench.eval_corpus import Utterance
-from rutster.brains.realtime.mock_voice import synthesize_reply
 from rutster.gateway.reflex import ClearProvider, PauseOn, ReflexConfig, ReflexState
 from rutster.media.endpointing import frame_level_dbfs
 from rutster.media.resample import StreamResampler
 from rutster.protocols.ingress import ClearPlayback
 from rutster.protocols.tap import SpeechStarted, SpeechStopped
-from rutster.trunk.twilio.simulator import read_wav_8k
+from rutster.tools.realtime_mock_voice import synthesize_reply
+from rutster.tools.twilio_simulator import read_wav_8k
 from tests.conftest import SPEECH_WAV
 from tests.support.engine_rig import (
     FRAME_MS,

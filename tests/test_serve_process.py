@@ -25,8 +25,8 @@ import httpx
 import psutil
 import pytest
 
-from rutster.gateway.launcher import LOOPBACK, Service, free_port, gateway_process
 from rutster.gateway.state import GatewayState
+from rutster.tools.launcher import LOOPBACK, Service, free_port, gateway_process
 
 #: How long a refused start may take: the interpreter, the imports, the bind.
 REFUSED_START_S = 15.0
@@ -42,7 +42,7 @@ def serve_command(port: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "rutster.gateway.cli",
+        "rutster.tools.cli",
         "serve",
         "--host",
         LOOPBACK,

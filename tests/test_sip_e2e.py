@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 from websockets.asyncio.server import ServerConnection
 
-from rutster.brains.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
-from rutster.gateway.launcher import free_port
 from rutster.gateway.transfer_allowlist import TransferAllowlist
 from rutster.protocols.tap import (
     AudioIn,
@@ -28,12 +26,14 @@ from rutster.protocols.tap import (
     TapEncoder,
     ToolsUpdate,
 )
-from rutster.trunk.sip.load_generator import analyse_echo
-from rutster.trunk.sip.peer import SipPeerProcess
+from rutster.protocols.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
+from rutster.tools.launcher import free_port
+from rutster.tools.sip_load_generator import analyse_echo
+from rutster.tools.sip_peer import SipPeerProcess
 from tests.conftest import TEST_ADMIN_KEY, eventually
 from tests.realtime_echo import check_sip_echo, realtime_echo
 from tests.sip_stack import sip_stack, speech_16k
-from tests.test_gateway_calls import RecordingBrain
+from tests.support.recording_brain import RecordingBrain
 
 SPEECH = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}

@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rutster.trunk.sip.load_generator import analyse_echo
-from rutster.trunk.sip.peer import SipPeerProcess
+from rutster.tools.sip_load_generator import analyse_echo
+from rutster.tools.sip_peer import SipPeerProcess
 from tests.conftest import eventually
 from tests.realtime_echo import check_sip_echo, realtime_echo
 from tests.sip_stack import SipStack, sip_stack, speech_16k

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rutster.trunk.sip.load_generator import (
+from rutster.tools.sip_load_generator import (
     DEFAULT_SPEECH_PATH,
     GOAL_CONCURRENT_CALLS,
     CallResult,
@@ -19,7 +19,7 @@ from rutster.trunk.sip.load_generator import (
     main,
     run_load,
 )
-from rutster.trunk.sip.peer import SipPeerProcess
+from rutster.tools.sip_peer import SipPeerProcess
 from tests.realtime_echo import check_sip_echo, realtime_echo
 
 #: Bytes per second of PCM16 mono 16 kHz.

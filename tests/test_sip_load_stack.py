@@ -1,4 +1,4 @@
-"""``rutster sip-load`` on a whole local stack (trunk/sip/load_stack.py), through the CLI entry."""
+"""``rutster sip-load`` on a whole local stack (tools/sip_load_stack.py), through the CLI entry."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from rutster.gateway.cli import main
 from rutster.media.vad import DEFAULT_DETECTOR
-from rutster.trunk.sip.load_stack import (
+from rutster.tools.cli import main
+from rutster.tools.sip_load_stack import (
     MetricSample,
     cpu_delta,
     format_stack_report,
@@ -23,7 +23,7 @@ from rutster.trunk.sip.load_stack import (
     parse_metrics,
     workers_needed,
 )
-from rutster.trunk.sip.peer import SipPeerProcess
+from rutster.tools.sip_peer import SipPeerProcess
 from tests.realtime_echo import check_sip_echo, realtime_echo
 
 
@@ -33,7 +33,7 @@ def _stack_children() -> list[list[str]]:
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             cmdline = child.cmdline()
-            if "rutster.gateway.cli" in cmdline or any(
+            if "rutster.tools.cli" in cmdline or any(
                 "multiprocessing.spawn" in arg for arg in cmdline
             ):
                 found.append(cmdline)

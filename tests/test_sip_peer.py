@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from rutster.trunk.sip.load_generator import DEFAULT_SPEECH_PATH, analyse_echo, load_speech_16k
-from rutster.trunk.sip.peer import (
+from rutster.tools.sip_load_generator import DEFAULT_SPEECH_PATH, analyse_echo, load_speech_16k
+from rutster.tools.sip_peer import (
     MAX_CALLS_PER_PROCESS,
     SipPeerError,
     SipPeerProcess,
     _parse_headers,
 )
-from rutster.trunk.twilio.simulator import best_lag_correlation
+from rutster.tools.twilio_simulator import best_lag_correlation
 
 #: Bytes per second of PCM16 mono 16 kHz.
 BPS = 32_000

@@ -12,11 +12,11 @@ import os
 import signal
 
 from rutster.brains.echo import EchoBrain
-from rutster.gateway.launcher import LOOPBACK
+from rutster.tools.launcher import LOOPBACK
+from rutster.tools.sip_load_generator import DEFAULT_SPEECH_PATH, analyse_echo, voiced_frames
+from rutster.tools.sip_load_stack import free_port_block, wait_workers_connected
+from rutster.tools.sip_peer import FRAME_BYTES, CallHandle, SipPeerProcess
 from rutster.trunk.sip.cli import sip_worker_argv
-from rutster.trunk.sip.load_generator import DEFAULT_SPEECH_PATH, analyse_echo, voiced_frames
-from rutster.trunk.sip.load_stack import free_port_block, wait_workers_connected
-from rutster.trunk.sip.peer import FRAME_BYTES, CallHandle, SipPeerProcess
 from rutster.trunk.sip.pool import SipWorkerPool
 from tests.conftest import RunningGateway, eventually, gateway_config, serve_gateway
 from tests.realtime_echo import check_sip_echo, realtime_echo

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from rutster.gateway.launcher import LOOPBACK
 from rutster.protocols.tap import AudioIn, Hello, SessionEnd
+from rutster.tools.launcher import LOOPBACK
+from rutster.tools.sip_load_generator import analyse_echo, voiced_frames
+from rutster.tools.sip_peer import FRAME_BYTES, CallHandle, SipPeerProcess
 from rutster.trunk.sip.access import DEFAULT_FAILURE_LIMIT
-from rutster.trunk.sip.load_generator import analyse_echo, voiced_frames
-from rutster.trunk.sip.peer import FRAME_BYTES, CallHandle, SipPeerProcess
 from tests.conftest import eventually
 from tests.sip_scan import ScanRun, run_scanner, runner_command, svmap_command
 from tests.sip_stack import SipStack, sip_stack, speech_16k
@@ -47,7 +47,7 @@ SCAN_DEADLINE_S = 4.0
 #: of a few ms; 3 s leaves ample room on a loaded box.
 CRACK_DEADLINE_S = 3.0
 #: Listening after the scans to show the call still carries audio both ways: > 2 s so the
-#: echo analysis has several 0.5 s voiced segments (trunk/sip/load_generator.py).
+#: echo analysis has several 0.5 s voiced segments (tools/sip_load_generator.py).
 POST_SCAN_LISTEN_S = 3.0
 #: The caller heard its own speech back: well above the ~0.1 of unrelated speech, with
 #: room for a loaded CI box where a stalled gateway shifts the echo lag mid-call

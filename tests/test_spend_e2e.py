@@ -28,8 +28,7 @@ from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.spend.journal import SettleRecord
 from rutster.spend.limits import TenantLimits
 from rutster.spend.meter import QuantumPolicy
-from rutster.trunk.twilio.fake_rest import FakeTwilioRest
-from rutster.trunk.twilio.simulator import SimulatedCallee, TwilioSimulator
+from rutster.tools.twilio_simulator import SimulatedCallee, TwilioSimulator
 from tests.conftest import (
     FAST_MICROS_PER_MINUTE,
     TEST_AUTH_TOKEN,
@@ -40,7 +39,8 @@ from tests.conftest import (
     serve_gateway,
     tenant_key,
 )
-from tests.test_gateway_calls import RecordingBrain
+from tests.support.fake_twilio_rest import FakeTwilioRest
+from tests.support.recording_brain import RecordingBrain
 
 ACCOUNT_SID = "AC" + "7e" * 16
 CALLER_ID = "+15550001111"

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from rutster.gateway.launcher import LOOPBACK, Service, gateway_process
 from rutster.spend.meter import QuantumPolicy
 from rutster.spend.prices import PriceTable
 from rutster.spend.store import SpendStore, redis_client
-from rutster.trunk.twilio.simulator import TwilioSimulator, new_sid
+from rutster.tools.launcher import LOOPBACK, Service, gateway_process
+from rutster.tools.twilio_simulator import TwilioSimulator, new_sid
 from tests.conftest import suite_redis_url, unique_prefix
 
 GATEWAYS = 3

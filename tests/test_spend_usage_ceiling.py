@@ -44,7 +44,7 @@ from rutster.spend.limits import TenantLimits
 from rutster.spend.meter import DEFAULT_HANGUP_GUARD_MS, End
 from rutster.spend.prices import PriceTable
 from rutster.spend.store import SpendStore, SpendTotals, redis_client, time_buckets
-from rutster.trunk.twilio.simulator import TwilioSimulator
+from rutster.tools.twilio_simulator import TwilioSimulator
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     eventually,
@@ -52,7 +52,7 @@ from tests.conftest import (
     gateway_config,
     serve_gateway,
 )
-from tests.test_gateway_calls import RecordingBrain
+from tests.support.recording_brain import RecordingBrain
 
 #: 2025-12-01T12:00:00Z: the store's wall clock in these tests (windows, buckets).
 NOW = 1_764_590_400_000

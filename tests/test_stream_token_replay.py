@@ -27,7 +27,6 @@ from rutster.base.stream_token import STREAM_TOKEN_LIFETIME_S, StreamTokenSigner
 from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.brains.echo import EchoBrain
 from rutster.gateway.config import GatewayConfig
-from rutster.gateway.launcher import LOOPBACK, free_port
 from rutster.gateway.media_socket import (
     REASON_CALL_ENDED,
     REASON_EXPIRED_TOKEN,
@@ -42,16 +41,17 @@ from rutster.gateway.stream_claims import (
 )
 from rutster.protocols.tap import AudioIn
 from rutster.spend.store import SpendStore, redis_client
-from rutster.trunk.sip.wire import Admit, Hello, InviteRequest, WorkerMediaCodec, encode_control
-from rutster.trunk.sip.wire import parse_control as parse_sip_control
-from rutster.trunk.twilio.codec import PARAM_TOKEN
-from rutster.trunk.twilio.simulator import (
+from rutster.tools.launcher import LOOPBACK, free_port
+from rutster.tools.twilio_simulator import (
     StreamInstructions,
     TwilioSimulator,
     connected_message,
     new_sid,
     start_message,
 )
+from rutster.trunk.sip.wire import Admit, Hello, InviteRequest, WorkerMediaCodec, encode_control
+from rutster.trunk.sip.wire import parse_control as parse_sip_control
+from rutster.trunk.twilio.codec import PARAM_TOKEN
 from tests.conftest import (
     RunningGateway,
     eventually,
@@ -61,7 +61,8 @@ from tests.conftest import (
     suite_redis_url,
     unique_prefix,
 )
-from tests.test_gateway_calls import RecordingBrain, received_media, send_speech, simulator
+from tests.support.recording_brain import RecordingBrain
+from tests.test_gateway_calls import received_media, send_speech, simulator
 
 CALLER = "+15550001111"
 NUMBER = "+15550002222"

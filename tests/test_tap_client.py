@@ -17,7 +17,6 @@ from websockets.http11 import Request
 
 from rutster.base.backoff import Backoff
 from rutster.gateway.call import monotonic_ms
-from rutster.gateway.launcher import LOOPBACK, free_port
 from rutster.gateway.metrics import GatewayMetrics
 from rutster.gateway.tap_client import (
     OPENING_AUDIO_FRAMES,
@@ -44,6 +43,7 @@ from rutster.protocols.tap import (
     ToolStatus,
     UnknownTapEvent,
 )
+from rutster.tools.launcher import LOOPBACK, free_port
 from tests.conftest import eventually
 from tests.tap_fixtures import fixture_names, load_fixture, load_fixture_json
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from rutster.brains.tool_catalog import HANGUP_TOOL, TOOL_CATALOG, TRANSFER_TOOL, parse_tool_list
 from rutster.gateway.tool_registry import (
     MAX_CATALOG_TOOLS,
     ToolLimits,
@@ -17,6 +16,7 @@ from rutster.gateway.tool_registry import (
 )
 from rutster.gateway.transfer_allowlist import TransferAllowlist, normalize_destination
 from rutster.protocols.tap import FunctionCall, ToolSpec, ToolStatus, ToolsUpdate
+from rutster.protocols.tool_catalog import HANGUP_TOOL, TOOL_CATALOG, TRANSFER_TOOL, parse_tool_list
 
 
 async def _ok(args: dict[str, Any]) -> ToolOutcome:

@@ -19,9 +19,9 @@ from rutster.trunk.twilio.call_control import (
     CallUpdate,
     TwilioCallControl,
 )
-from rutster.trunk.twilio.fake_rest import FakeTwilioRest
 from rutster.trunk.twilio.twiml import transfer_twiml
-from tests.twilio_sdk_recorder import RecordingSdkHttpClient
+from tests.support.fake_twilio_rest import FakeTwilioRest
+from tests.support.twilio_sdk_recorder import RecordingSdkHttpClient
 
 ACCOUNT_SID = "AC" + "0123456789abcdef" * 2
 AUTH_TOKEN = "secret-auth-token-do-not-leak-4242"

@@ -29,6 +29,7 @@ from twilio.rest import Client
 from rutster.brains.echo import EchoBrain
 from rutster.protocols.call_control import CallControlFailure
 from rutster.protocols.ingress import CallDirection
+from rutster.tools.twilio_simulator import SimulatedCallee, TwilioSimulator, best_lag_correlation
 from rutster.trunk.twilio.call_control import (
     CALL_SID_PATTERN,
     STATUS_CALLBACK_EVENTS,
@@ -37,15 +38,7 @@ from rutster.trunk.twilio.call_control import (
     CreatedCall,
     TwilioCallControl,
 )
-from rutster.trunk.twilio.fake_rest import (
-    FAKE_SERVER_HEADER,
-    CalleeBehaviour,
-    CalleeOutcome,
-    CreatedFakeCall,
-    FakeTwilioRest,
-)
 from rutster.trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
-from rutster.trunk.twilio.simulator import SimulatedCallee, TwilioSimulator, best_lag_correlation
 from rutster.trunk.twilio.twiml import (
     MAX_INLINE_TWIML_CHARS,
     reject_twiml,
@@ -53,7 +46,14 @@ from rutster.trunk.twilio.twiml import (
     transfer_twiml,
 )
 from tests.conftest import TEST_AUTH_TOKEN, eventually, gateway_config, serve_gateway
-from tests.twilio_sdk_recorder import RecordingSdkHttpClient
+from tests.support.fake_twilio_rest import (
+    FAKE_SERVER_HEADER,
+    CalleeBehaviour,
+    CalleeOutcome,
+    CreatedFakeCall,
+    FakeTwilioRest,
+)
+from tests.support.twilio_sdk_recorder import RecordingSdkHttpClient
 
 ACCOUNT_SID = "AC" + "5a" * 16
 AUTH_TOKEN = TEST_AUTH_TOKEN  # the gateway in the end-to-end test checks signatures with it

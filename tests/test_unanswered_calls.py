@@ -26,8 +26,7 @@ import httpx
 
 from rutster.brains.echo import EchoBrain
 from rutster.spend.money import parse_money
-from rutster.trunk.twilio.fake_rest import CalleeOutcome, FakeTwilioRest
-from rutster.trunk.twilio.simulator import SimulatedCallee
+from rutster.tools.twilio_simulator import SimulatedCallee
 from tests.conftest import (
     TEST_AUTH_TOKEN,
     eventually,
@@ -35,6 +34,7 @@ from tests.conftest import (
     serve_gateway,
     tenant_key,
 )
+from tests.support.fake_twilio_rest import CalleeOutcome, FakeTwilioRest
 
 ACCOUNT_SID = "AC" + "3c" * 16
 CALLER_ID = "+15550003333"

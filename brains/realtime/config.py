@@ -2,7 +2,7 @@
 
 The API key comes from ``OPENAI_API_KEY`` or, preferably, ``OPENAI_API_KEY_FILE``
 (the file wins); it is hidden from ``repr`` and never logged. In mock mode no
-key is needed: the brain talks to the local fake server (``mock_server.py``).
+key is needed: the brain talks to a local fake server (``tools/realtime_mock_server.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from rutster.base.env_values import ConfigError, read_secret
 from rutster.brains.bind import BRAIN_BIND_ENV, parse_bind
-from rutster.brains.tool_catalog import parse_tool_list
 from rutster.protocols.tap import ToolSpec
+from rutster.protocols.tool_catalog import parse_tool_list
 
 #: Default model: the GA ``gpt-realtime`` alias, the first model in the SDK's GA
 #: literal list (docs/PROVIDERS.md §5.1); a dated snapshot pins behaviour if wanted.

@@ -5,18 +5,24 @@ Listens for the core on ``/realtime`` (default ``ws://127.0.0.1:8082/realtime``,
 (:class:`~brains.realtime.bridge.RealtimeBridge`) and answers the core's
 ``hello`` with its own ``hello`` and the ``tools.update`` catalog.
 
-With ``--mock`` the same code talks to the local fake server of
-:mod:`brains.realtime.mock_server` instead of OpenAI: offline, no key. Every
-log line of such a process says MOCK.
+With ``--mock`` the same code talks to a MOCK Realtime server instead of OpenAI:
+offline, no key. Every log line of such a process says MOCK. The brain does not
+start that server itself (brains stand below the shipped tools): the ``rutster``
+command (``rutster.tools.cli``) hands it either an already running mock's URL
+(``--mock-url``) or a ``mock_upstream`` that starts the shipped one
+(``tools/realtime_mock_server.py``) in the brain's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from types import TracebackType
 from typing import cast
@@ -59,6 +65,10 @@ MAX_SESSIONS = 200
 #: WebSocket close code for "server overloaded, try again later" (RFC 6455 §7.4.1
 #: registry: 1013 Try Again Later).
 CLOSE_TRY_AGAIN_LATER = 1013
+
+#: A local MOCK upstream the brain runs in its own event loop: entering the context starts
+#: the server and yields its ``websocket_base_url`` (``ws://…/v1``), leaving it stops it.
+MockUpstream = Callable[[], AbstractAsyncContextManager[str]]
 
 
 def _now_ms() -> float:
@@ -265,59 +275,63 @@ class RealtimeBrain:
                     )
 
 
-async def _serve_until_signalled(config: RealtimeBrainConfig, mock_reply_ms: int | None) -> None:
+async def _serve_until_signalled(
+    config: RealtimeBrainConfig, mock_upstream: MockUpstream | None
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)
     for signum in signals:
         loop.add_signal_handler(signum, stop.set)
-    mock = None
     try:
-        if config.mock and config.websocket_base_url is not None:
-            log.warning(
-                "MOCK MODE: no OpenAI; replies come from the fake Realtime server at %s",
-                config.websocket_base_url,
+        async with contextlib.AsyncExitStack() as upstream:
+            if mock_upstream is not None:
+                url = await upstream.enter_async_context(mock_upstream())
+                log.warning(
+                    "MOCK MODE: no OpenAI; replies come from the local fake Realtime server at %s",
+                    url,
+                )
+                config = replace(config, websocket_base_url=url)
+            elif config.mock:
+                log.warning(
+                    "MOCK MODE: no OpenAI; replies come from the fake Realtime server at %s",
+                    config.websocket_base_url,
+                )
+            brain = RealtimeBrain(config)
+            await brain.start()
+            log.info(
+                "realtime brain listening on %s (model %s, voice %s, tools: %s)%s",
+                brain.url,
+                config.model,
+                config.voice,
+                ", ".join(t.name for t in config.tools) or "none",
+                " [MOCK]" if config.mock else "",
             )
-        elif config.mock:
-            from rutster.brains.realtime.mock_server import MockRealtimeServer
-
-            mock = (
-                MockRealtimeServer()
-                if mock_reply_ms is None
-                else MockRealtimeServer(reply_ms=mock_reply_ms)
-            )
-            await mock.start()
-            log.warning(
-                "MOCK MODE: no OpenAI; replies come from the local fake Realtime server at %s",
-                mock.websocket_base_url,
-            )
-            config = replace(config, websocket_base_url=mock.websocket_base_url)
-        brain = RealtimeBrain(config)
-        await brain.start()
-        log.info(
-            "realtime brain listening on %s (model %s, voice %s, tools: %s)%s",
-            brain.url,
-            config.model,
-            config.voice,
-            ", ".join(t.name for t in config.tools) or "none",
-            " [MOCK]" if config.mock else "",
-        )
-        gc.collect()
-        gc.freeze()  # start-up objects live as long as the process (see gateway/app.py)
-        try:
-            await stop.wait()
-        finally:
-            await brain.stop()
+            gc.collect()
+            gc.freeze()  # start-up objects live as long as the process (see gateway/app.py)
+            try:
+                await stop.wait()
+            finally:
+                await brain.stop()
     finally:
-        if mock is not None:
-            await mock.stop()
         for signum in signals:
             loop.remove_signal_handler(signum)
     log.info("realtime brain stopped")
 
 
-def run_realtime_brain(config: RealtimeBrainConfig, *, mock_reply_ms: int | None = None) -> None:
-    """Run the realtime brain until SIGINT or SIGTERM (blocks; main thread only)."""
+def run_realtime_brain(
+    config: RealtimeBrainConfig, *, mock_upstream: MockUpstream | None = None
+) -> None:
+    """Run the realtime brain until SIGINT or SIGTERM (blocks; main thread only).
+
+    In mock mode the upstream is either ``config.websocket_base_url`` (a mock already
+    running) or ``mock_upstream``, started here before the brain listens and stopped
+    after it.
+    """
+    if config.mock and mock_upstream is None and config.websocket_base_url is None:
+        raise ValueError("mock mode needs a running mock's URL or a mock_upstream to start")
+    if mock_upstream is not None and not config.mock:
+        raise ValueError("a mock_upstream is for mock mode only")
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     install_redaction()  # before the first connection: handshake headers carry the key
-    asyncio.run(_serve_until_signalled(config, mock_reply_ms))
+    asyncio.run(_serve_until_signalled(config, mock_upstream))

@@ -72,10 +72,10 @@ const HANGUP_TOOL = {
 };
 
 // ---- marker tone detection -------------------------------------------------------
-// Ported from brains/marker_tone.py (same constants, same Goertzel): a test
+// Ported from tools/marker_tone.py (same constants, same Goertzel): a test
 // caller plays a steady 2000 Hz tone to make a scripted brain call a tool.
 
-/** Tone frequency (brains/marker_tone.py MARKER_TONE_HZ). */
+/** Tone frequency (tools/marker_tone.py MARKER_TONE_HZ). */
 const MARKER_TONE_HZ = 2000;
 /** Detection frame, 20 ms (DETECT_FRAME_SAMPLES). */
 const DETECT_FRAME_SAMPLES = 480;

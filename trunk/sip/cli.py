@@ -1,4 +1,9 @@
-"""The ``rutster sip-worker``, ``rutster sip-pool`` and ``rutster sip-load`` commands."""
+"""The ``rutster sip-worker`` and ``rutster sip-pool`` commands.
+
+The ``rutster`` command (``rutster.tools.cli``) adds them to its parser; a pooled worker
+runs as ``python -m rutster.trunk.sip.cli sip-worker``, so the pool needs nothing above
+the trunk layer. ``rutster sip-load`` is a shipped tool (``rutster.tools.cli``).
+"""
 
 from __future__ import annotations
 
@@ -43,7 +48,7 @@ def sip_worker_argv(port: int, log_level: str = "info") -> list[str]:
     return [
         sys.executable,
         "-m",
-        "rutster.gateway.cli",
+        "rutster.trunk.sip.cli",
         "sip-worker",
         "--sip-port",
         str(port),
@@ -73,14 +78,6 @@ def cmd_sip_pool(args: argparse.Namespace) -> int:
     return asyncio.run(pool.run())
 
 
-def cmd_sip_load(args: argparse.Namespace) -> int:
-    """Place SIP load on ``--target`` URIs, or on a whole local stack started for the run."""
-    from rutster.trunk.sip.load_stack import sip_load_main
-
-    _setup_logging(args.log_level)
-    return sip_load_main(args)
-
-
 def add_sip_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the SIP commands to the ``rutster`` parser."""
     worker = sub.add_parser(
@@ -104,32 +101,15 @@ def add_sip_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     pool.add_argument("--log-level", default="info")
     pool.set_defaults(func=cmd_sip_pool)
 
-    # Defaults are None here and resolved in trunk/sip/load_generator.py, which owns them
-    # (importing it would load pjsua2 for every `rutster` command).
-    load = sub.add_parser(
-        "sip-load",
-        help="place N concurrent SIP calls of real speech and check the issue-6 goals",
-        description="Without --target: start an echo brain, a gateway and ceil(calls/4) SIP "
-        "workers on loopback and call them round robin; with --target: only place the calls. "
-        "Exit status 0 = PASS, 1 = FAIL, 2 = bad arguments.",
-    )
-    load.add_argument(
-        "--target", action="append", default=[], help="SIP URI to call (repeat to rotate)"
-    )
-    load.add_argument("--calls", type=int, default=None, help="calls to place")
-    load.add_argument("--cps", type=float, default=None, help="calls started per second")
-    load.add_argument("--duration", type=float, default=None, help="seconds each call is held")
-    load.add_argument("--speech", default=None, help="mono 16-bit WAV to send (the fixture)")
-    load.add_argument(
-        "--header", action="append", default=[], help="INVITE header NAME:VALUE (repeatable)"
-    )
-    load.add_argument("--bind-host", default=None, help="address the peers bind to (with --target)")
-    load.add_argument(
-        "--vad", default=None, help="local stack: the gateway's RUTSTER_VAD (cascade, webrtc...)"
-    )
-    load.add_argument(
-        "--log-level",
-        default="warning",
-        help="this process and the workers; info or debug also shows the gateway's output",
-    )
-    load.set_defaults(func=cmd_sip_load)
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rutster.trunk.sip.cli``: the SIP commands alone (how a pool starts workers)."""
+    parser = argparse.ArgumentParser(prog="rutster", description=__doc__)
+    add_sip_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """A whole SIP path on loopback for load runs: echo brain + gateway + a pool of SIP workers.
 
 ``rutster sip-load`` without ``--target`` runs :func:`local_sip_stack` and aims
-:func:`~trunk.sip.load_generator.run_load` at its workers, call *i* to worker *i mod n*:
+:func:`~tools.sip_load_generator.run_load` at its workers, call *i* to worker *i mod n*:
 
     load generator (pjsua2 peers) --SIP/RTP--> rutster sip-worker x ceil(calls/4)
         --WebSocket--> gateway (``rutster serve``, spend gate on its embedded Redis)
@@ -33,16 +33,15 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from rutster.gateway.launcher import (
+from rutster.media.vad import DEFAULT_DETECTOR, DETECTOR_NAMES
+from rutster.tools.launcher import (
     LOOPBACK,
     Service,
     echo_brain_process,
     free_port,
     gateway_process,
 )
-from rutster.media.vad import DEFAULT_DETECTOR, DETECTOR_NAMES
-from rutster.trunk.sip.cli import sip_worker_argv
-from rutster.trunk.sip.load_generator import (
+from rutster.tools.sip_load_generator import (
     DEFAULT_CALLS,
     DEFAULT_CPS,
     DEFAULT_DURATION_S,
@@ -51,7 +50,8 @@ from rutster.trunk.sip.load_generator import (
     format_report,
     run_load,
 )
-from rutster.trunk.sip.load_generator import main as generator_main
+from rutster.tools.sip_load_generator import main as generator_main
+from rutster.trunk.sip.cli import sip_worker_argv
 from rutster.trunk.sip.pool import MAX_WORKERS, PoolConfigError, SipWorkerPool
 from rutster.trunk.sip.worker import WORKER_CAPACITY
 

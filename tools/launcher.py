@@ -98,7 +98,7 @@ def spawn(
     health_path: str | None = None,
     stderr_path: str | None = None,
 ) -> Service:
-    """Run ``python -m gateway.cli ARGS`` and wait until it listens on ``port``.
+    """Run ``python -m rutster.tools.cli ARGS`` and wait until it listens on ``port``.
 
     With ``health_path``, wait until ``GET health_path`` answers 2xx instead.
     With ``stderr_path``, the process's stderr (its log) goes to that file.
@@ -112,7 +112,7 @@ def spawn(
             # The child has its own copy of the descriptor; ours closes once it is spawned.
             err = files.enter_context(open(stderr_path, "ab"))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rutster.gateway.cli", *args],
+            [sys.executable, "-m", "rutster.tools.cli", *args],
             env=full_env,
             stdout=out,
             stderr=err,

@@ -1,7 +1,7 @@
 """The tap conformance kit: plays the core's side of tap v1 against any brain URL.
 
 It proves the protocol is language-agnostic: point it at a brain written in
-anything (``python -m brains.conformance ws://127.0.0.1:8083/node``) and it
+anything (``python -m rutster.tools.conformance ws://127.0.0.1:8083/node``) and it
 reports PASS, FAIL or SKIP per rule. It dials the brain like the core does
 (websockets, ``max_size`` 128 KiB, no compression), sends ``hello``, scripted
 caller turns, a barge-in, a marker-tone turn, unknown events, a DTMF digit, a
@@ -63,7 +63,6 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.frames import CloseCode
 
-from rutster.brains.marker_tone import marker_tone_pcm
 from rutster.media.formats import (
     CANONICAL_FRAME_SAMPLES,
     CANONICAL_SAMPLE_RATE,
@@ -98,6 +97,7 @@ from rutster.protocols.tap import (
     TurnOwner,
     UnknownTapEvent,
 )
+from rutster.tools.marker_tone import marker_tone_pcm
 
 #: How long a brain may take to start answering a turn (or propose a tool).
 #: Seed decision: a realtime brain's first audio usually comes within ~1 s of
@@ -1100,7 +1100,7 @@ def _tap_url(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``rutster tap-conformance`` / ``python -m brains.conformance``."""
+    """The command line of ``rutster tap-conformance`` / ``python -m rutster.tools.conformance``."""
     parser = argparse.ArgumentParser(
         prog="rutster tap-conformance",
         description="Check a tap v1 brain: plays the core's side against URL and "

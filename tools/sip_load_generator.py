@@ -1,12 +1,12 @@
 """SIP load generator: N concurrent calls of real speech against a SIP target, measured.
 
 ``run_load`` places ``calls`` calls at ``cps`` calls per second from a pool of
-:class:`~trunk.sip.peer.SipPeerProcess` (ceil(calls / 4) processes: one pjsua2 library holds at
+:class:`~tools.sip_peer.SipPeerProcess` (ceil(calls / 4) processes: one pjsua2 library holds at
 most 4 calls). Each call sends recorded speech (16 kHz, resampled with soxr from the 8 kHz
 fixture), stays up ``duration_s`` seconds, then hangs up. Per call it measures the setup time
 (INVITE sent -> 200 OK received, taken in the peer process), whether audio came back, how well
 what came back matches what was sent (best-lag normalised correlation against the echo brain,
-:func:`trunk.twilio.simulator.best_lag_correlation`) and RTP loss. :class:`LoadReport` sums
+:func:`tools.twilio_simulator.best_lag_correlation`) and RTP loss. :class:`LoadReport` sums
 that up and checks it against the issue's goals (:data:`GOAL_CONCURRENT_CALLS`,
 :data:`GOAL_SETUP_P95_MS`, :data:`GOAL_FAILED_CALLS`); :func:`format_report` prints it.
 
@@ -31,14 +31,14 @@ import psutil
 import soxr
 
 from rutster.media.demo_audio import CALLER_SPEECH_8K
-from rutster.trunk.sip.peer import (
+from rutster.tools.sip_peer import (
     FRAME_BYTES,
     MAX_CALLS_PER_PROCESS,
     SAMPLE_RATE,
     CallHandle,
     SipPeerProcess,
 )
-from rutster.trunk.twilio.simulator import REPLY_RMS_THRESHOLD, best_lag_correlation
+from rutster.tools.twilio_simulator import REPLY_RMS_THRESHOLD, best_lag_correlation
 
 __all__ = [
     "DEFAULT_SPEECH_PATH",

@@ -1,14 +1,21 @@
-"""The ``rutster`` command: serve, brains, simulated calls and the offline demo."""
+"""The ``rutster`` command: serve, brains, simulated calls, the offline demo and the tools.
+
+It sits on top of every layer (docs/ARCHITECTURE.md, "Packages"): it dispatches to the
+gateway (``serve``, ``admin``), the brains (``brain``), the SIP workers (``sip-worker``,
+``sip-pool``) and the shipped tools (``call``, ``demo``, ``tap-conformance``, ``sip-load``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -76,7 +83,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     raise_open_file_limit()
     limit_numeric_threads()
-    logging.getLogger("rutster.gateway.cli").info("listening on http://%s:%d", args.host, args.port)
+    # The gateway's own logger: the line reports the gateway process, whichever command
+    # started it.
+    logging.getLogger("rutster.gateway.server").info(
+        "listening on http://%s:%d", args.host, args.port
+    )
     return serve(server, sock)
 
 
@@ -112,20 +123,78 @@ def cmd_brain(args: argparse.Namespace) -> int:
                 print("rutster brain realtime: --mock-url needs --mock", file=sys.stderr)
                 return 2
             config = replace(config, websocket_base_url=args.mock_url)
-        run_realtime_brain(config, mock_reply_ms=args.mock_reply_ms)
+            run_realtime_brain(config)
+        elif args.mock:
+            # The brain's own MOCK upstream, started in its event loop (brains do not import
+            # the tools, so the tool side hands it over).
+            reply_ms: int | None = args.mock_reply_ms
+            run_realtime_brain(config, mock_upstream=lambda: _local_mock_realtime(reply_ms))
+        else:
+            run_realtime_brain(config)
         return 0
     print(f"unknown brain {args.brain!r}", file=sys.stderr)
     return 2
 
 
+@contextlib.asynccontextmanager
+async def _local_mock_realtime(reply_ms: int | None) -> AsyncIterator[str]:
+    """The shipped MOCK Realtime server for ``rutster brain realtime --mock``: its base URL."""
+    from rutster.tools.realtime_mock_server import MockRealtimeServer
+
+    mock = MockRealtimeServer() if reply_ms is None else MockRealtimeServer(reply_ms=reply_ms)
+    async with mock:
+        yield mock.websocket_base_url
+
+
 def cmd_tap_conformance(args: argparse.Namespace) -> int:
     """Play the core's side of the tap protocol against a brain and report per rule."""
-    from rutster.brains.conformance import main as conformance_main
+    from rutster.tools.conformance import main as conformance_main
 
     argv = [args.url, "--timeout", str(args.timeout)]
     if args.require_tool:
         argv.append("--require-tool")
     return conformance_main(argv)
+
+
+def cmd_sip_load(args: argparse.Namespace) -> int:
+    """Place SIP load on ``--target`` URIs, or on a whole local stack started for the run."""
+    from rutster.tools.sip_load_stack import sip_load_main
+
+    _setup_logging(args.log_level)
+    return sip_load_main(args)
+
+
+def add_sip_load_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``rutster sip-load`` (the SIP load test, tools/sip_load_stack.py) to the parser."""
+    # Defaults are None here and resolved in tools/sip_load_generator.py, which owns them
+    # (importing it would load pjsua2 for every `rutster` command).
+    load = sub.add_parser(
+        "sip-load",
+        help="place N concurrent SIP calls of real speech and check the issue-6 goals",
+        description="Without --target: start an echo brain, a gateway and ceil(calls/4) SIP "
+        "workers on loopback and call them round robin; with --target: only place the calls. "
+        "Exit status 0 = PASS, 1 = FAIL, 2 = bad arguments.",
+    )
+    load.add_argument(
+        "--target", action="append", default=[], help="SIP URI to call (repeat to rotate)"
+    )
+    load.add_argument("--calls", type=int, default=None, help="calls to place")
+    load.add_argument("--cps", type=float, default=None, help="calls started per second")
+    load.add_argument("--duration", type=float, default=None, help="seconds each call is held")
+    load.add_argument("--speech", default=None, help="mono 16-bit WAV to send (the fixture)")
+    load.add_argument(
+        "--header", action="append", default=[], help="INVITE header NAME:VALUE (repeatable)"
+    )
+    load.add_argument("--bind-host", default=None, help="address the peers bind to (with --target)")
+    load.add_argument(
+        "--vad", default=None, help="local stack: the gateway's RUTSTER_VAD (cascade, webrtc...)"
+    )
+    load.add_argument(
+        "--log-level",
+        default="warning",
+        help="this process and the workers; info or debug also shows the gateway's output",
+    )
+    load.set_defaults(func=cmd_sip_load)
 
 
 def _auth_token_from_env() -> str | None:
@@ -143,7 +212,7 @@ async def _run_call(
     auth_token: str | None,
     brain: str | None = None,
 ) -> dict[str, object]:
-    from rutster.trunk.twilio.simulator import (
+    from rutster.tools.twilio_simulator import (
         TwilioSimulator,
         best_lag_correlation,
         read_wav_8k,
@@ -227,7 +296,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Gateway + echo brain + one simulated call, all local, on embedded defaults."""
     if args.brain == "realtime-mock":
         return cmd_demo_conversation(args)
-    from rutster.gateway.launcher import LOOPBACK, echo_brain_process, free_port, gateway_process
+    from rutster.tools.launcher import LOOPBACK, echo_brain_process, free_port, gateway_process
 
     _setup_logging("warning")
     wav = Path(args.wav)
@@ -276,15 +345,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_demo_conversation(args: argparse.Namespace) -> int:
     """Gateway + realtime brain in mock mode: turns answered, then a hang-up by tool."""
-    from rutster.brains.marker_tone import marker_tone_pcm
-    from rutster.gateway.launcher import (
+    from rutster.media.resample import StreamResampler
+    from rutster.tools.launcher import (
         LOOPBACK,
         free_port,
         gateway_process,
         realtime_brain_process,
     )
-    from rutster.media.resample import StreamResampler
-    from rutster.trunk.twilio.simulator import (
+    from rutster.tools.marker_tone import marker_tone_pcm
+    from rutster.tools.twilio_simulator import (
         TwilioSimulator,
         conversation_script,
         read_wav_8k,
@@ -500,6 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_admin_parser(sub)
     add_sip_parsers(sub)
+    add_sip_load_parser(sub)
     return parser
 
 

@@ -5,10 +5,10 @@ that the official ``openai`` SDK client (``AsyncOpenAI(websocket_base_url=...)
 .realtime.connect(model=...)``) talks to it unchanged, and every event it sends
 parses into the SDK's typed model. Nothing here understands speech:
 
-- a reply is synthetic speech-like audio (:mod:`brains.realtime.mock_voice`)
+- a reply is synthetic speech-like audio (:mod:`tools.realtime_mock_voice`)
   or a WAV, sent as ``response.output_audio.delta`` events faster than real time
   (the real service bursts too), with transcript ``"[mock reply]"``;
-- a turn whose committed audio holds the marker tone (:mod:`brains.marker_tone`),
+- a turn whose committed audio holds the marker tone (:mod:`tools.marker_tone`),
   or a call scripted with :meth:`MockRealtimeServer.script_tool_call`, turns the
   next response into a function call;
 - ``usage`` figures are MOCK numbers derived from audio durations
@@ -45,7 +45,7 @@ Behaviour copied from the real service, with where it was observed:
 The protocol logic is a sans-I/O state machine (:class:`_RealtimeProtocol`:
 client text in, server events out, time passed in); :class:`MockRealtimeServer`
 does the sockets and pacing. Every log line starts with ``MOCK realtime``.
-Run it standalone with ``python -m brains.realtime.mock_server --port 0``.
+Run it standalone with ``python -m rutster.tools.realtime_mock_server --port 0``.
 """
 
 from __future__ import annotations
@@ -79,11 +79,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from rutster.brains.bind import ws_url
-from rutster.brains.marker_tone import MarkerToneDetector
-from rutster.brains.realtime.mock_voice import MAX_REPLY_MS, load_reply_wav, synthesize_reply
 from rutster.media.formats import CANONICAL_SAMPLE_RATE
 from rutster.media.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from rutster.media.resample import StreamResampler
+from rutster.tools.marker_tone import MarkerToneDetector
+from rutster.tools.realtime_mock_voice import MAX_REPLY_MS, load_reply_wav, synthesize_reply
 
 __all__ = [
     "DEFAULT_MARKER_TOOL",
@@ -1470,7 +1470,7 @@ class MockRealtimeServer:
     refuses new connections' credentials, the real service's way
     (``auth_rejection="in_band"``) or with HTTP 401 at the handshake
     (``"handshake"``). Raises :class:`MockServerConfigError` or
-    :class:`~brains.realtime.mock_voice.ReplyWavError` for bad settings.
+    :class:`~tools.realtime_mock_voice.ReplyWavError` for bad settings.
 
     Read (don't write): ``sessions`` (one :class:`MockSession` per connection,
     oldest first) and ``connections_total`` (upgrade requests on the realtime path).
@@ -1693,7 +1693,7 @@ async def _serve_until_signalled(server: MockRealtimeServer, host: str, port: in
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the mock until SIGINT/SIGTERM; prints a MOCK banner, then its base URL."""
     parser = argparse.ArgumentParser(
-        prog="python -m brains.realtime.mock_server",
+        prog="python -m rutster.tools.realtime_mock_server",
         description="MOCK OpenAI Realtime (GA) server for offline development. Not OpenAI.",
     )
     parser.add_argument("--host", default=DEFAULT_HOST, help="listen address (default loopback)")

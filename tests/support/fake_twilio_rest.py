@@ -1,4 +1,4 @@
-"""A FAKE Twilio REST API, for tests and offline mode. It is not Twilio.
+"""A FAKE Twilio REST API, for tests (a test double, never shipped). It is not Twilio.
 
 :class:`FakeTwilioRest` serves just enough of ``api.twilio.com`` on a loopback
 port to exercise :mod:`trunk.twilio.call_control` (docs/PROVIDERS.md §1.6):
@@ -11,9 +11,9 @@ port to exercise :mod:`trunk.twilio.call_control` (docs/PROVIDERS.md §1.6):
   or failed, as the test set the callee up with :meth:`FakeTwilioRest.set_callee`
   or :meth:`FakeTwilioRest.resolve_call`), sending signed status callbacks when
   the request asked for them. Once answered, :attr:`FakeTwilioRest.on_answer`
-  (if set) plays the callee: :class:`trunk.twilio.simulator.SimulatedCallee`
+  (if set) plays the callee: :class:`rutster.tools.twilio_simulator.SimulatedCallee`
   posts the voice webhook to ``Url`` and streams audio through the
-  :class:`~trunk.twilio.simulator.TwilioSimulator`.
+  :class:`~rutster.tools.twilio_simulator.TwilioSimulator`.
 - ``POST …/Calls/{CallSid}.json`` modifies a call: ``Status=completed`` hangs
   it up (a simulated callee's media stream then stops, as with real Twilio),
   ``Status=canceled`` ends it while queued or ringing, ``Twiml=`` redirects it.
@@ -340,7 +340,7 @@ class FakeTwilioRest:
         #: Exceptions raised by ``on_completed``/``on_redirect``/``on_answer`` callbacks.
         self.callback_errors: list[BaseException] = []
         #: Plays the callee of every answered outbound call (e.g. a
-        #: :class:`~trunk.twilio.simulator.SimulatedCallee`); runs in a task and the
+        #: :class:`~rutster.tools.twilio_simulator.SimulatedCallee`); runs in a task and the
         #: call lasts until it returns, is hung up, or reaches its ``TimeLimit``.
         #: ``None``: answered calls stay in progress until hung up.
         self.on_answer: Answerer | None = None

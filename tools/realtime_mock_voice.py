@@ -1,6 +1,6 @@
 """Reply audio for the MOCK OpenAI Realtime server: speech-like, never real speech.
 
-The mock server (:mod:`brains.realtime.mock_server`) is offline and cannot talk,
+The mock server (:mod:`tools.realtime_mock_server`) is offline and cannot talk,
 but what it sends back must behave like a voice on the phone path: voiced,
 band-limited, with a moving pitch, changing vowels and a syllable rhythm, so
 that VAD, echo, level and barge-in logic downstream see something close to a
@@ -9,7 +9,7 @@ source-filter model: a glottal pulse train at a drifting pitch drives parallel
 formant resonators whose vowel changes every syllable, under a syllable-rate
 envelope whose dips never reach digital silence. It is deterministic (seeded),
 vectorised numpy (the pulses' formant responses overlap-added), and avoids the tool-trigger
-marker tone (:mod:`brains.marker_tone`).
+marker tone (:mod:`tools.marker_tone`).
 
 :func:`load_reply_wav` instead loads a real recording (any rate, mono 16-bit
 WAV) resampled to 24 kHz with soxr, for a mock that replies with real speech.

@@ -4,13 +4,13 @@ It does what Twilio does for an inbound call on a number whose voice webhook
 points at the gateway (docs/PROVIDERS.md §1), or for an outbound call created through
 the REST API once the callee answers (the webhook is then the call's ``Url``,
 with ``Direction=outbound-api``; :class:`SimulatedCallee` plays such callees for
-the FAKE REST API of :mod:`trunk.twilio.fake_rest`): posts the signed voice webhook, reads
-the TwiML ``<Connect><Stream>``, opens the media WebSocket (signed upgrade),
-sends ``connected``/``start`` and the caller's audio as 20 ms μ-law ``media``
-messages at real-time pace (or faster), and plays back what the gateway sends
-the way Twilio does: audio is queued and played in real time, ``mark`` is echoed
-once the audio before it has played, ``clear`` drops the queue and echoes
-pending marks at once. What the caller would have heard is kept as PCM (and
+a FAKE REST API, such as the tests' ``tests/support/fake_twilio_rest.py``): posts the
+signed voice webhook, reads the TwiML ``<Connect><Stream>``, opens the media
+WebSocket (signed upgrade), sends ``connected``/``start`` and the caller's audio
+as 20 ms μ-law ``media`` messages at real-time pace (or faster), and plays back
+what the gateway sends the way Twilio does: audio is queued and played in real
+time, ``mark`` is echoed once the audio before it has played, ``clear`` drops the
+queue and echoes pending marks at once. What the caller would have heard is kept as PCM (and
 can be written to a WAV) together with timings.
 
 This is a test and demo tool, not a Twilio emulator for production traffic.
@@ -30,7 +30,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -41,9 +41,6 @@ from websockets.exceptions import ConnectionClosed
 
 from rutster.media.g711 import ulaw_decode, ulaw_encode
 from rutster.trunk.twilio.signature import SIGNATURE_HEADER, TwilioSignatureValidator
-
-if TYPE_CHECKING:
-    from rutster.trunk.twilio.fake_rest import CreatedFakeCall
 
 #: Twilio's caller audio: 20 ms of 8 kHz μ-law per ``media`` message (docs/PROVIDERS.md §1.3).
 SIM_SAMPLE_RATE = 8_000
@@ -708,10 +705,33 @@ class TwilioSimulator:
                 await asyncio.gather(*mark_tasks, return_exceptions=True)
 
 
-class SimulatedCallee:
-    """Plays the callee of outbound calls made through the FAKE Twilio REST API.
+class AnsweredCall(Protocol):
+    """What :class:`SimulatedCallee` reads of an answered outbound call: the fields
+    a FAKE Twilio REST API keeps of a created call (the tests' ``CreatedFakeCall``,
+    ``tests/support/fake_twilio_rest.py``).
+    """
 
-    Set an instance as :attr:`trunk.twilio.fake_rest.FakeTwilioRest.on_answer`:
+    @property
+    def sid(self) -> str: ...
+    @property
+    def account_sid(self) -> str: ...
+    @property
+    def to(self) -> str: ...
+    @property
+    def from_(self) -> str: ...
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def provider_hangup(self) -> asyncio.Event: ...
+
+
+class SimulatedCallee:
+    """Plays the callee of outbound calls made through a FAKE Twilio REST API.
+
+    Set an instance as the fake's ``on_answer`` (``FakeTwilioRest.on_answer``,
+    ``tests/support/fake_twilio_rest.py``):
     when a created call is answered it runs :meth:`TwilioSimulator.place_call`
     with the call's ``Url`` as the voice webhook (``Direction=outbound-api``,
     ``CallStatus=in-progress``, the call's SID, From and To, the fake's account),
@@ -742,7 +762,7 @@ class SimulatedCallee:
     def __repr__(self) -> str:
         return f"SimulatedCallee(calls={len(self.results)}, errors={len(self.errors)})"
 
-    async def __call__(self, call: CreatedFakeCall) -> None:
+    async def __call__(self, call: AnsweredCall) -> None:
         """Answer ``call``: run it through the simulator until it ends. Failures re-raise."""
         try:
             if call.url is None or call.method != "POST":

@@ -1,0 +1,55 @@
+"""A loopback tap brain that echoes audio and records every core event: the e2e tests' brain.
+
+Tests subclass :class:`RecordingBrain` to script answers (tool calls, usage, transfers)
+and read what the core sent it with :meth:`RecordingBrain.of_type`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Self
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from rutster.protocols.tap import AudioIn, AudioOut, Direction, TapDecoder, TapEncoder
+
+
+class RecordingBrain:
+    """A loopback brain that echoes audio like the echo brain and records every core event.
+
+    Subclasses change how it answers by overriding :meth:`respond`.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+        self.url = ""
+        self._server: Server | None = None
+
+    async def __aenter__(self) -> Self:
+        self._server = await serve(self._handle, "127.0.0.1", 0, compression=None)
+        port = next(iter(self._server.sockets)).getsockname()[1]
+        self.url = f"ws://127.0.0.1:{port}/recording"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        decoder = TapDecoder(Direction.CORE_TO_BRAIN)
+        encoder = TapEncoder(start_ms=0.0)
+        with contextlib.suppress(ConnectionClosed):
+            async for message in ws:
+                event = decoder.decode(message)
+                self.events.append(event)
+                await self.respond(ws, encoder, event)
+
+    async def respond(self, ws: ServerConnection, encoder: TapEncoder, event: object) -> None:
+        """Answer one core event (here: echo audio back)."""
+        if isinstance(event, AudioIn):
+            await ws.send(encoder.encode(AudioOut(event.pcm, item="rec"), 0.0))
+
+    def of_type(self, kind: type) -> list[object]:
+        return [e for e in self.events if isinstance(e, kind)]
