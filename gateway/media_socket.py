@@ -50,7 +50,10 @@ log = logging.getLogger(__name__)
 #: at once (Twilio: ``connected`` then ``start``); 10 s bounds idle sockets.
 START_TIMEOUT_S = 10.0
 
+#: The auto-detecting media endpoint's metrics label (before it knows the provider).
+AUTODETECT_SOURCE = "autodetect"
 #: Close reasons (1008) of refused media sockets, as the provider's logs will show them.
+REASON_UNRECOGNISED_STREAM = "first message is no known provider's stream"
 REASON_INVALID_TOKEN = "invalid stream token"
 REASON_EXPIRED_TOKEN = "stream token expired"
 REASON_TOKEN_REPLAYED = "stream token already used"
@@ -73,17 +76,29 @@ class SocketClosed:
     code: int
 
 
-async def serve_media_socket(websocket: WebSocket, provider: IngressProvider) -> None:
-    """Serve one media socket of ``provider``: from the upgrade to the call's settlement."""
+async def serve_media_socket(
+    websocket: WebSocket, provider: IngressProvider, *, first_frame: Frame | None = None
+) -> None:
+    """Serve one media socket of ``provider``: from the upgrade to the call's settlement.
+
+    ``first_frame``: the socket was already accepted and this frame read from it (by
+    :func:`serve_detected_media_socket`); it is decoded first.
+    """
     state: GatewayState = websocket.app.state.gateway
     source = provider.name
     refusal = provider.authorize_media(websocket, state)
     if refusal is not None:
         await refuse(websocket, CLOSE_POLICY_VIOLATION, refusal)
         return
-    await websocket.accept()
+    replay: list[Frame] = []
+    if first_frame is None:
+        await websocket.accept()
+    else:
+        replay.append(first_frame)
     leg = provider.open_leg(websocket)
-    started = await await_start(websocket, state, source, leg.decode, binary=leg.binary_frames)
+    started = await await_start(
+        websocket, state, source, leg.decode, binary=leg.binary_frames, replay=replay
+    )
     if started is None:
         return
     params = provider.stream_params(started, state)
@@ -136,6 +151,33 @@ async def serve_media_socket(websocket: WebSocket, provider: IngressProvider) ->
         leg.detach(context)
 
 
+async def serve_detected_media_socket(
+    websocket: WebSocket, detect: Callable[[Frame], IngressProvider | None]
+) -> None:
+    """The one media URL for every provider: ``detect`` (``ProviderRegistry.detect``)
+    tells from the first frame whose socket this is, then that provider serves it as
+    on its own path, its authentication included. A first frame ``detect`` gives no
+    provider for is refused with :data:`REASON_UNRECOGNISED_STREAM`."""
+    state: GatewayState = websocket.app.state.gateway
+    await websocket.accept()
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            frame = await receive_frame(websocket, state, AUTODETECT_SOURCE, binary=True)
+    except TimeoutError:
+        state.metrics.bad_messages.labels(AUTODETECT_SOURCE, "no_start").inc()
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, "no first message")
+        return
+    if isinstance(frame, SocketClosed):
+        return
+    provider = detect(frame)
+    if provider is None:
+        state.metrics.bad_messages.labels(AUTODETECT_SOURCE, "unrecognised").inc()
+        log.warning("media socket refused: its first frame is no provider's stream")
+        await refuse(websocket, CLOSE_POLICY_VIOLATION, REASON_UNRECOGNISED_STREAM)
+        return
+    await serve_media_socket(websocket, provider, first_frame=frame)
+
+
 async def refuse(websocket: WebSocket, code: int, reason: str) -> None:
     """Close a media socket we will not serve (already-gone sockets are fine)."""
     with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
@@ -152,10 +194,21 @@ def closed_reason(code: int) -> SessionEndReason:
 
 
 async def receive_frame(
-    websocket: WebSocket, state: GatewayState, source: str, *, binary: bool
+    websocket: WebSocket,
+    state: GatewayState,
+    source: str,
+    *,
+    binary: bool,
+    replay: list[Frame] | None = None,
 ) -> Frame | SocketClosed:
     """Next frame, or ``SocketClosed``. Binary frames are counted and skipped unless
-    ``binary`` (the SIP media contract carries audio in binary frames)."""
+    ``binary`` (the SIP media contract carries audio in binary frames). Frames in
+    ``replay`` (already read by auto-detection) come first, and are taken out of it."""
+    if replay:
+        frame = replay.pop(0)
+        if binary or isinstance(frame, str):
+            return frame
+        state.metrics.bad_messages.labels(source, "binary_frame").inc()
     while True:
         message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
@@ -182,13 +235,14 @@ async def read_event(
     *,
     binary: bool,
     on_fatal: Callable[[str], Awaitable[None]],
+    replay: list[Frame] | None = None,
 ) -> Any:
     """The next decoded message, or ``StreamEnded`` when the socket closed or broke the
     protocol (``on_fatal(reason)`` closes it). Unknown and bad messages are counted and
     dropped."""
     metrics = state.metrics
     while True:
-        frame = await receive_frame(websocket, state, source, binary=binary)
+        frame = await receive_frame(websocket, state, source, binary=binary, replay=replay)
         if isinstance(frame, SocketClosed):
             return StreamEnded(closed_reason(frame.code))
         try:
@@ -206,7 +260,13 @@ async def read_event(
 
 
 async def await_start(
-    websocket: WebSocket, state: GatewayState, source: str, decode: Decode, *, binary: bool
+    websocket: WebSocket,
+    state: GatewayState,
+    source: str,
+    decode: Decode,
+    *,
+    binary: bool,
+    replay: list[Frame] | None = None,
 ) -> StreamStarted | None:
     """Read up to ``start``; None (socket closed) on timeout, close, ``stop`` or a fatal error."""
 
@@ -220,7 +280,7 @@ async def await_start(
         async with asyncio.timeout(START_TIMEOUT_S):
             while True:
                 event = await read_event(
-                    websocket, state, source, decode, binary=binary, on_fatal=fatal
+                    websocket, state, source, decode, binary=binary, on_fatal=fatal, replay=replay
                 )
                 if isinstance(event, StreamEnded):
                     return None

@@ -15,12 +15,15 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from rutster.gateway.ingress_provider import IngressProvider
-from rutster.gateway.media_socket import serve_media_socket
+from rutster.gateway.media_socket import serve_detected_media_socket, serve_media_socket
 
 #: A provider's name: a lowercase word (it is a metrics label, a price key and a
 #: stored field), as a JSON Schema (ECMA) pattern for the REST API. Seed decision.
 PROVIDER_NAME_PATTERN = "^[a-z][a-z0-9_]{0,31}$"
 PROVIDER_NAME_RE = re.compile(PROVIDER_NAME_PATTERN.removeprefix("^").removesuffix("$"))
+#: The one media URL for every provider (auto-detected from the first frame), beside
+#: each provider's own path. Seed decision.
+AUTODETECT_MEDIA_PATH = "/media"
 #: What the REST API shows for a stored provider name that is not a name at all.
 UNKNOWN_PROVIDER = "unknown"
 
@@ -30,7 +33,7 @@ class ProviderRegistry:
 
     def __init__(self, providers: Iterable[IngressProvider]) -> None:
         self._by_name: dict[str, IngressProvider] = {}
-        paths: set[str] = set()
+        paths = {AUTODETECT_MEDIA_PATH}
         for provider in providers:
             if not PROVIDER_NAME_RE.fullmatch(provider.name):
                 raise ValueError(f"provider name {provider.name!r} is not a lowercase word")
@@ -70,9 +73,15 @@ class ProviderRegistry:
         matches = [p for p in self if p.sniff(first_message)]
         return matches[0] if len(matches) == 1 else None
 
+    async def _detected_media_socket(self, websocket: WebSocket) -> None:
+        await serve_detected_media_socket(websocket, self.detect)
+
     def routes(self) -> list[BaseRoute]:
-        """Every provider's endpoints, and its media socket on the one shared handler."""
-        routes: list[BaseRoute] = []
+        """Every provider's endpoints, its media socket on the one shared handler, and
+        the auto-detecting media socket (:data:`AUTODETECT_MEDIA_PATH`)."""
+        routes: list[BaseRoute] = [
+            WebSocketRoute(AUTODETECT_MEDIA_PATH, self._detected_media_socket, name="media")
+        ]
         for provider in self:
             routes.extend(provider.routes())
             routes.append(

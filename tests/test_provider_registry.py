@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 
+from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.brains.echo import EchoBrain
 from rutster.gateway.admission import Refused, admit_call, grant_stream
 from rutster.gateway.api.schemas import CREATE_CALL_SCHEMA, OUTBOUND_PROVIDERS
@@ -33,7 +34,12 @@ from rutster.gateway.ingress_provider import (
     ProviderCapabilities,
     StreamParams,
 )
-from rutster.gateway.provider_registry import UNKNOWN_PROVIDER, ProviderRegistry
+from rutster.gateway.media_socket import REASON_UNRECOGNISED_STREAM
+from rutster.gateway.provider_registry import (
+    AUTODETECT_MEDIA_PATH,
+    UNKNOWN_PROVIDER,
+    ProviderRegistry,
+)
 from rutster.gateway.providers import REGISTRY
 from rutster.gateway.providers.sip import SipProvider
 from rutster.gateway.providers.twilio import PARAM_TAP_URL, TwilioMediaLeg, TwilioProvider
@@ -45,20 +51,26 @@ from rutster.spend.gate import AdmissionRequest
 from rutster.spend.prices import PriceTable, TelephonyRate
 from rutster.spend.store import CallRecord
 from rutster.tools.twilio_simulator import (
+    StreamInstructions,
     connected_message,
     media_message,
     new_sid,
+    signed_headers,
     start_message,
     stop_message,
 )
 from rutster.trunk.sip.wire import WorkerMediaCodec
 from rutster.trunk.twilio.codec import PARAM_TOKEN
 from tests.conftest import (
+    TEST_AUTH_TOKEN,
+    RunningGateway,
     eventually,
     gateway_config,
     serve_gateway,
     spend_settings,
 )
+from tests.test_gateway_calls import received_media, send_speech, simulator
+from tests.test_stream_token_replay import close_of
 
 TWILIO_CONNECTED = json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})
 
@@ -148,6 +160,7 @@ def test_the_app_mounts_every_providers_routes_once() -> None:
         "/twilio/stream",
         "/sip/workers",
         "/sip/stream",
+        AUTODETECT_MEDIA_PATH,
     ):
         assert path in paths
     media = [r for r in app.routes if isinstance(r, WebSocketRoute) and r.name.endswith("_media")]
@@ -304,3 +317,65 @@ async def test_a_provider_added_by_one_registry_line_runs_a_billed_call(
         # Billed at acme's own rate (its price key is its name): 3 s or more at 20,000 a s.
         assert record["spent"] is not None and record["spent"] >= 3 * ACME_MICROS_PER_MINUTE // 60
         assert gateway.metric("rutster_admissions_total", outcome="admitted", reason="ok") == 1
+
+
+# ---- the auto-detecting media URL -----------------------------------------------------------
+
+
+def media_url(gateway: RunningGateway) -> str:
+    return public_ws_url(gateway.url, AUTODETECT_MEDIA_PATH)
+
+
+async def test_a_twilio_stream_on_the_one_media_url_runs_the_call(
+    gateway: RunningGateway, speech_pcm: bytes
+) -> None:
+    sim = simulator(gateway)
+    call_sid = new_sid("CA")
+    told = await sim.open_stream(call_sid, from_="+15550001111", to="+15550002222")
+    assert told.url.endswith("/twilio/stream")
+    # The operator pointed the stream at the one URL instead; Twilio signs that URL.
+    ws = await sim.connect_media(StreamInstructions(media_url(gateway), told.parameters))
+    stream_sid = new_sid("MZ")
+    await ws.send(connected_message())
+    await ws.send(start_message(stream_sid, call_sid, sim.account_sid, told.parameters))
+    await send_speech(ws, stream_sid, speech_pcm[: 2 * 8000 * 2])
+    assert await received_media(ws, 3.0) >= 25, "the echo did not come back on /media"
+    assert len(gateway.state.calls) == 1
+    call = next(iter(gateway.state.calls.values()))
+    assert call.context.provider == "twilio"
+    await ws.close()
+    await eventually(lambda: not gateway.state.calls)
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "hello",
+        json.dumps({"event": "connected", "version": "1.0.0"}),  # Telnyx-like: not yet served
+        json.dumps({"event": "media", "media": {"payload": "AAAA"}}),
+        b"\x00\x01" * 160,
+    ],
+)
+async def test_a_first_frame_no_provider_claims_is_refused(
+    gateway: RunningGateway, first: str | bytes
+) -> None:
+    async with connect(media_url(gateway)) as ws:
+        await ws.send(first)
+        assert await close_of(ws) == (CLOSE_POLICY_VIOLATION, REASON_UNRECOGNISED_STREAM)
+    assert gateway.metric("rutster_bad_messages_total", source="autodetect", reason="unrecognised")
+    assert not gateway.state.calls
+
+
+async def test_each_providers_authentication_still_applies_on_the_one_url(
+    gateway: RunningGateway,
+) -> None:
+    # A SIP worker's start without the workers' bearer secret.
+    async with connect(media_url(gateway)) as ws:
+        await ws.send(sip_start())
+        assert await close_of(ws) == (CLOSE_POLICY_VIOLATION, "unauthorized")
+    # A Twilio stream whose upgrade is signed for another URL.
+    wrong = signed_headers(TEST_AUTH_TOKEN, "wss://elsewhere.example.com/media", {})
+    async with connect(media_url(gateway), additional_headers=wrong) as ws:
+        await ws.send(TWILIO_CONNECTED)
+        assert await close_of(ws) == (CLOSE_POLICY_VIOLATION, "invalid signature")
+    assert not gateway.state.calls

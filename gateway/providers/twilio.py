@@ -41,7 +41,7 @@ from rutster.gateway.admission import (
     grant_stream,
 )
 from rutster.gateway.call import Call
-from rutster.gateway.config import public_http_url
+from rutster.gateway.config import public_http_url, public_ws_url
 from rutster.gateway.ingress_provider import (
     DialFailed,
     MediaLeg,
@@ -417,7 +417,8 @@ class TwilioProvider:
         signature = websocket.headers.get(SIGNATURE_HEADER)
         if config.twilio_auth_token is None or signature is None:
             return None
-        url = _signed_url(config.twilio_stream_url, websocket.url.query)
+        # Signed over the URL Twilio dialled: its own path, or the auto-detecting one.
+        url = _signed_url(public_ws_url(config.public_url, websocket.url.path), websocket.url.query)
         if TwilioSignatureValidator(config.twilio_auth_token).validate(url, [], signature):
             return None
         state.metrics.signature_failures.labels("stream").inc()
