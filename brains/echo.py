@@ -213,7 +213,12 @@ class EchoBrain:
         except TapProtocolError as exc:  # e.g. an absurdly long session id
             self._warn("echo brain: cannot send %s (%s): %s", wire_type(event), exc.reason, exc)
             return
-        await ws.send(text)
+        try:
+            await ws.send(text)
+        except ConnectionClosed:
+            # The core closed right after its last messages (session_end, then close):
+            # the reply is moot, but what it sent before closing is still to be read.
+            logger.debug("echo brain: %s not sent: the core closed", wire_type(event))
 
 
 async def _serve_until_signalled(host: str, port: int) -> None:

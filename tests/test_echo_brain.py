@@ -161,6 +161,25 @@ async def test_session_end_closes_the_connection(brain: EchoBrain) -> None:
         assert ws.close_code == 1000
 
 
+async def test_a_session_end_queued_behind_a_failed_reply_is_still_read(
+    brain: EchoBrain, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The core ends a call with session_end and closes at once. The echo of the audio_in
+    # just before it then fails (the close has arrived); the brain must still read the
+    # session_end queued behind that audio, not drop it with the connection.
+    caplog.set_level(logging.INFO, logger="rutster.brains.echo")
+    async with connect(brain.url) as ws:
+        await say_hello(ws)
+        await ws.send(load_fixture(C2B, "audio_in"))
+        await ws.send(load_fixture(C2B, "session_end"))
+        await ws.close()
+    for _ in range(100):
+        if any("ended" in r.getMessage() for r in caplog.records):
+            break
+        await asyncio.sleep(0.02)
+    assert any(f"session {SESSION_ID} ended" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("path", ["/", "/echo/extra", "/realtime", "/ECHO"])
 async def test_other_paths_are_rejected_with_404(brain: EchoBrain, path: str) -> None:
     url = brain.url.removesuffix("/echo") + path

@@ -44,7 +44,11 @@ class RecordingBrain:
             async for message in ws:
                 event = decoder.decode(message)
                 self.events.append(event)
-                await self.respond(ws, encoder, event)
+                # A reply fails once the core's close has arrived (it sends session_end,
+                # then closes); the messages before the close are still to be read and
+                # recorded, session_end among them: only the reply is given up.
+                with contextlib.suppress(ConnectionClosed):
+                    await self.respond(ws, encoder, event)
 
     async def respond(self, ws: ServerConnection, encoder: TapEncoder, event: object) -> None:
         """Answer one core event (here: echo audio back)."""
