@@ -91,7 +91,8 @@ class MediaLeg(Protocol):
         """One frame in, one ingress event (or provider message) out; raises
         ``IngressProtocolError``/``UnknownIngressEvent`` as the codecs do."""
 
-    def call_control(self, state: GatewayState) -> ProviderCallControl | None:
+    @property
+    def call_control(self) -> ProviderCallControl | None:
         """Hang-up and transfer for this call (None: closing the socket is all there is)."""
 
     def attach(self, context: SpendContext) -> None:
@@ -129,8 +130,8 @@ class IngressProvider(Protocol):
     def authorize_media(self, websocket: WebSocket, state: GatewayState) -> str | None:
         """Check the media socket's upgrade: None, or why it is refused (policy close)."""
 
-    def open_leg(self, websocket: WebSocket) -> MediaLeg:
-        """A new media leg on an accepted socket (a fresh codec)."""
+    def open_leg(self, websocket: WebSocket, state: GatewayState) -> MediaLeg:
+        """A new media leg on an accepted socket of ``state``'s app (a fresh codec)."""
 
     def stream_params(self, started: StreamStarted, state: GatewayState) -> StreamParams:
         """The brain URL, call context and stream token the ``start`` carries."""

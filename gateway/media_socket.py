@@ -95,7 +95,7 @@ async def serve_media_socket(
         await websocket.accept()
     else:
         replay.append(first_frame)
-    leg = provider.open_leg(websocket)
+    leg = provider.open_leg(websocket, state)
     started = await await_start(
         websocket, state, source, leg.decode, binary=leg.binary_frames, replay=replay
     )
@@ -143,7 +143,7 @@ async def serve_media_socket(
             tap_url=params.tap_url,
             edge=leg.edge,
             provider=source,
-            call_control=leg.call_control(state),
+            call_control=leg.call_control,
             next_event=next_event,
             on_call=live.append,
         )

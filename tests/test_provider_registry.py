@@ -232,8 +232,8 @@ class TwilioCompatibleProvider:
     def authorize_media(self, websocket: WebSocket, state: GatewayState) -> str | None:
         return None
 
-    def open_leg(self, websocket: WebSocket) -> MediaLeg:
-        return TwilioMediaLeg(websocket)
+    def open_leg(self, websocket: WebSocket, state: GatewayState) -> MediaLeg:
+        return TwilioMediaLeg(websocket, state)
 
     def stream_params(self, started: StreamStarted, state: GatewayState) -> StreamParams:
         params = started.custom_parameters

@@ -252,9 +252,10 @@ class SipMediaLeg:
         """A media event, or a ``ControlResult``."""
         return self._codec.receive(frame)
 
-    def call_control(self, state: GatewayState) -> ProviderCallControl | None:
+    @property
+    def call_control(self) -> ProviderCallControl | None:
         """BYE and REFER through the worker, over this socket."""
-        return state.sip_call_control
+        return self._state.sip_call_control
 
     def attach(self, context: SpendContext) -> None:
         """Route this call's hang-ups and transfers over this socket."""
@@ -319,9 +320,9 @@ class SipProvider:
         state.metrics.bad_messages.labels(PROVIDER, "unauthorized").inc()
         return "unauthorized"
 
-    def open_leg(self, websocket: WebSocket) -> MediaLeg:
+    def open_leg(self, websocket: WebSocket, state: GatewayState) -> MediaLeg:
         """A fresh codec and edge for one socket."""
-        return SipMediaLeg(websocket, _state(websocket))
+        return SipMediaLeg(websocket, state)
 
     def stream_params(self, started: StreamStarted, state: GatewayState) -> StreamParams:
         """The ``start`` fields the worker copied from the ``admit``/``dial`` it was given."""

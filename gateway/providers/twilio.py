@@ -341,9 +341,10 @@ class TwilioMediaLeg:
 
     binary_frames = False
 
-    def __init__(self, websocket: WebSocket) -> None:
+    def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
         self._codec = TwilioStreamCodec()
         self._edge = TwilioEdge(websocket, self._codec)
+        self._call_control = state.twilio_call_control
 
     @property
     def edge(self) -> TwilioEdge:
@@ -355,9 +356,10 @@ class TwilioMediaLeg:
         assert isinstance(frame, str)
         return self._codec.receive(frame)
 
-    def call_control(self, state: GatewayState) -> ProviderCallControl | None:
+    @property
+    def call_control(self) -> ProviderCallControl | None:
         """Twilio's REST API (None without an account SID and auth token)."""
-        return state.twilio_call_control
+        return self._call_control
 
     def attach(self, context: SpendContext) -> None:
         """Nothing to register: Twilio's call control needs only the CallSid."""
@@ -425,9 +427,9 @@ class TwilioProvider:
         log.warning("media socket refused: invalid %s on upgrade", SIGNATURE_HEADER)
         return "invalid signature"
 
-    def open_leg(self, websocket: WebSocket) -> MediaLeg:
+    def open_leg(self, websocket: WebSocket, state: GatewayState) -> MediaLeg:
         """A fresh codec and edge for one socket."""
-        return TwilioMediaLeg(websocket)
+        return TwilioMediaLeg(websocket, state)
 
     def stream_params(self, started: StreamStarted, state: GatewayState) -> StreamParams:
         """The ``<Parameter>``s our TwiML put on the ``<Stream>``."""
