@@ -35,6 +35,7 @@ narrowband samples (160 at 8 kHz, :mod:`media.narrowband`), as float arrays.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -54,6 +55,7 @@ __all__ = [
     "WAVE_FRAME",
     "LineEchoCanceller",
     "LineEchoConfig",
+    "fft_size",
     "normalised_xcorr",
 ]
 
@@ -118,6 +120,30 @@ def _level_db(power: float) -> float:
     return 10 * math.log10(max(power, 1e-3)) - _FULL_SCALE_DB
 
 
+@functools.cache
+def fft_size(n: int) -> int:
+    """The least 5-smooth number (2^a 3^b 5^c) at or above ``n``, for numpy's FFT.
+
+    Written here because numpy has no ``next_fast_len`` (SciPy's, not a
+    dependency). pocketfft is fastest on such sizes: measured on the echo
+    gate's coherence test (5,280 render samples), 97-105 µs for one
+    correlation at 5,400 or 5,760 against 168 µs at 5,280 (a factor of 11) and
+    203 µs at the next power of two, 8,192.
+    """
+    best = 1 << max(0, n - 1).bit_length()  # a power of two is 5-smooth
+    five = 1
+    while five < best:
+        three = five
+        while three < best:
+            size = three
+            while size < n:
+                size *= 2
+            best = min(best, size)
+            three *= 3
+        five *= 5
+    return best
+
+
 def normalised_xcorr(
     render: npt.NDArray[np.float64], capture: npt.NDArray[np.float64]
 ) -> npt.NDArray[np.float64]:
@@ -135,7 +161,9 @@ def normalised_xcorr(
     c_energy = float(c @ c)
     if c_energy <= 0.0 or valid <= 0:
         return np.zeros(max(valid, 0))
-    size = 1 << (len(r) + len(c) - 1).bit_length()
+    # Circular correlation over ``len(r)`` samples or more: a valid offset k reads
+    # r[k .. k + len(c) - 1], never past len(r) - 1, so nothing wraps onto it.
+    size = fft_size(len(r))
     corr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(c, size)), size)
     squares = np.concatenate(([0.0], np.cumsum(r * r)))
     r_energy = squares[len(c) :] - squares[:valid]
@@ -308,21 +336,19 @@ class LineEchoCanceller:
         seg = self._render_at(base - taps + 1, WAVE_FRAME + taps - 1)
         if float(seg @ seg) / len(seg) < _MIN_RENDER_POWER:
             return None
-        # Sample n, tap k reads seg[n + taps - 1 - k]; reversed, rev[m + k] with
-        # m = WAVE_FRAME - 1 - n: a strided view (no copy), rows in reverse order.
-        rev = seg[::-1].copy()
-        step = rev.strides[0]
-        # np.ndarray over the buffer: as_strided's checks cost ~8 µs a frame.
-        rows: npt.NDArray[np.float64] = np.ndarray(
-            (WAVE_FRAME, taps), np.float64, rev, 0, (step, step)
-        )
-        echo = (rows @ self._w)[::-1]
+        # Sample n, tap k reads seg[n + taps - 1 - k]: the echo estimate is the
+        # filter convolved with the render, and the cross-correlation's tap k
+        # sums x[n] seg[n + taps - 1 - k], a correlation read backwards. numpy's
+        # direct convolve/correlate loops cost ~5 µs a frame together, against ~16
+        # for the same sums as matrix products over a strided Toeplitz view
+        # (measured; they agree to 1e-15 relative).
+        echo = np.convolve(seg, self._w, "valid")
         residual = x - echo
         forget = self.config.forget
         self._r *= forget
         self._r += np.correlate(seg, seg[taps - 1 :], "valid")[::-1]
         self._p *= forget
-        self._p += x[::-1] @ rows
+        self._p += np.correlate(seg, x, "valid")[::-1]
         self._until_solve -= 1
         if self._until_solve <= 0:
             self._until_solve = self.config.solve_every

@@ -8,7 +8,14 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from rutster.media.line_echo import WAVE_FRAME, WAVE_RATE, LineEchoCanceller
+from rutster.media.line_echo import (
+    PRE_EMPHASIS,
+    WAVE_FRAME,
+    WAVE_RATE,
+    LineEchoCanceller,
+    fft_size,
+    normalised_xcorr,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures/audio/caller_speech_8k.wav"
 #: Echo path of the tests (8 kHz taps): short and dispersive, as a hybrid's.
@@ -100,3 +107,35 @@ def test_unplayed_of_nothing_changes_nothing(frames: int) -> None:
     lec.render(np.zeros(WAVE_FRAME), 0.0)
     lec.unplayed(frames)
     assert lec._render_end == WAVE_FRAME
+
+
+def _five_smooth(n: int) -> bool:
+    for p in (2, 3, 5):
+        while n % p == 0:
+            n //= p
+    return n == 1
+
+
+def test_fft_size_is_the_least_five_smooth_length_at_or_above() -> None:
+    for n in range(1, 12_000):
+        size = fft_size(n)
+        assert size >= n and _five_smooth(size), n
+        assert not any(_five_smooth(m) for m in range(n, size)), n
+
+
+@pytest.mark.parametrize("render_len", [640, 5_280, 5_281, 7_777])
+def test_normalised_xcorr_matches_the_direct_sum(render_len: int) -> None:
+    rng = np.random.default_rng(render_len)
+    render = rng.normal(0, 3000, render_len)
+    capture = render[100 : 100 + 2 * WAVE_FRAME] * 0.3 + rng.normal(0, 100, 2 * WAVE_FRAME)
+    ncc = normalised_xcorr(render, capture)
+    r = render - PRE_EMPHASIS * np.concatenate(([0.0], render[:-1]))
+    c = capture - PRE_EMPHASIS * np.concatenate(([0.0], capture[:-1]))
+    direct = np.array(
+        [
+            r[k : k + len(c)] @ c / np.sqrt((r[k : k + len(c)] @ r[k : k + len(c)]) * (c @ c))
+            for k in range(len(r) - len(c) + 1)
+        ]
+    )
+    np.testing.assert_allclose(ncc, direct, atol=1e-9)
+    assert int(ncc.argmax()) == 100
