@@ -140,7 +140,11 @@ from typing import Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
-from rutster.media.endpointing import DIGITAL_SILENCE_DBFS, frame_level_dbfs
+from rutster.media.endpointing import (
+    DIGITAL_SILENCE_DBFS,
+    frame_level_dbfs,
+    samples_level_dbfs,
+)
 from rutster.media.formats import (
     FRAME_MS,
     NARROWBAND_FRAME_BYTES,
@@ -777,8 +781,8 @@ class EchoGate:
                 slot = head + 1  # sent in a burst: it plays after the previous one
             elif slot > head + 1:
                 self._render_env.silence(head + 1, slot - 1)
-        self._render_env.put(slot, max(frame_level_dbfs(frame), _ENVELOPE_FLOOR_DBFS))
         band = _samples(frame)
+        self._render_env.put(slot, max(samples_level_dbfs(band), _ENVELOPE_FLOOR_DBFS))
         self._render_wave[slot % self._render_size] = band
         if self._lec is not None:
             self._lec.render(band, sent_ms)

@@ -26,6 +26,7 @@ from rutster.media.endpointing import (
     SpeechStarted,
     TurnEnded,
     frame_level_dbfs,
+    samples_level_dbfs,
 )
 from rutster.media.formats import FRAME_MS as FRAME_MS_INT
 from rutster.media.formats import (
@@ -438,3 +439,21 @@ def test_frame_level_dbfs() -> None:
     assert frame_level_dbfs(pcm(_scale(np.sin(2 * np.pi * 1000.0 * t), -35.0))) == pytest.approx(
         -35.0, abs=0.01
     )
+
+
+def test_frame_level_dbfs_asked_again_answers_the_same_and_follows_new_frames() -> None:
+    loud = pcm(_scale(np.sin(np.arange(NARROWBAND_FRAME_SAMPLES) / 3.0), -12.0))
+    quiet = pcm(_scale(np.sin(np.arange(NARROWBAND_FRAME_SAMPLES) / 3.0), -40.0))
+    first = frame_level_dbfs(loud)
+    assert frame_level_dbfs(loud) == first  # the same object: remembered
+    assert frame_level_dbfs(bytes(loud)) == first  # an equal copy: measured again
+    assert frame_level_dbfs(quiet) == pytest.approx(-40.0, abs=0.05)
+    assert frame_level_dbfs(loud) == first
+    # A mutable buffer is never taken from memory: its contents may have changed.
+    buffer = bytearray(loud)
+    assert frame_level_dbfs(buffer) == first  # type: ignore[arg-type]
+    buffer[:] = quiet
+    assert frame_level_dbfs(buffer) == pytest.approx(-40.0, abs=0.05)  # type: ignore[arg-type]
+    samples = np.frombuffer(quiet, dtype="<i2").astype(np.float64)
+    assert samples_level_dbfs(samples) == frame_level_dbfs(quiet)
+    assert samples_level_dbfs(np.zeros(0)) == DIGITAL_SILENCE_DBFS
