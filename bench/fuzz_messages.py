@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from rutster.gateway.providers.twilio import MAX_WEBHOOK_BODY_BYTES
+from rutster.gateway.webhook_forms import MAX_WEBHOOK_BODY_BYTES
 from rutster.protocols.tap import MAX_AUDIO_OUT_SAMPLES, MAX_ID_CHARS, MAX_MESSAGE_BYTES
 from rutster.tools.twilio_simulator import signed_headers, start_message
 from rutster.trunk.twilio.codec import MAX_MEDIA_PAYLOAD_BYTES, MAX_MESSAGE_CHARS

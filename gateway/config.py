@@ -139,6 +139,10 @@ class GatewayConfig:
     spend: SpendSettings = field(default_factory=SpendSettings)
     #: Shared secret SIP workers present on ``/sip/workers`` (None: SIP is off).
     sip_secret: str | None = field(default=None, repr=False)
+    #: The environment this configuration was read from: a provider whose settings
+    #: are its own (gateway/providers/telnyx.py) reads them here, not through a field
+    #: of this class. Never printed (it holds secrets).
+    env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def sip_enabled(self) -> bool:
@@ -250,6 +254,7 @@ class GatewayConfig:
         if sip_secret is not None and len(sip_secret.encode()) < MIN_SECRET_BYTES:
             raise ConfigError(f"RUTSTER_SIP_SECRET must be at least {MIN_SECRET_BYTES} bytes long")
         return cls(
+            env=dict(env),
             sip_secret=sip_secret,
             spend=spend,
             public_url=public_url,

@@ -60,6 +60,9 @@ class GatewayState:
     calls_by_id: dict[str, Call] = field(default_factory=dict)
     #: Twilio REST call control (None without TWILIO_ACCOUNT_SID + auth token).
     twilio_call_control: ProviderCallControl | None = None
+    #: What a provider keeps per app (its settings, clients), by provider name: the
+    #: registry's provider objects are shared by every app of a process.
+    provider_state: dict[str, object] = field(default_factory=dict)
     recent_trails: OrderedDict[str, CallTrail] = field(default_factory=OrderedDict)
     redis: Redis | None = None
     embedded_redis: EmbeddedRedis | None = None

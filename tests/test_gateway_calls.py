@@ -19,8 +19,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from rutster.brains.echo import EchoBrain
 from rutster.gateway.app import startup_warnings
 from rutster.gateway.config import GatewayConfig
-from rutster.gateway.providers.twilio import MAX_WEBHOOK_FIELDS
 from rutster.gateway.server import MAX_WS_MESSAGE_BYTES
+from rutster.gateway.webhook_forms import MAX_WEBHOOK_FIELDS
 from rutster.media.g711 import ulaw_encode
 from rutster.protocols.tap import (
     AudioClear,

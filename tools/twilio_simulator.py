@@ -533,13 +533,16 @@ class TwilioSimulator:
                     delay = (due - time.monotonic() * 1000.0) / 1000.0
                     if delay > 0:
                         await asyncio.sleep(delay)
-                    await ws.send(media_message(stream_sid, seq, n + 1, n * SIM_FRAME_MS, chunk))
+                    await self._send_media(
+                        ws, self._media_message(stream_sid, seq, n + 1, n * SIM_FRAME_MS, chunk)
+                    )
                     seq += 1
                     result.frames_sent += 1
+                await self._flush_media(ws)
                 if not hangup.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(hangup.wait(), tail_s)
-                await ws.send(stop_message(stream_sid, seq, call_sid, self.account_sid))
+                await ws.send(self._stop_message(stream_sid, seq, call_sid))
                 await ws.close()
             except ConnectionClosed:
                 pass
@@ -563,9 +566,8 @@ class TwilioSimulator:
     ) -> tuple[float, _Playback, asyncio.Task[None]]:
         """Send ``connected`` and ``start``; return the call's clock origin (ms), its
         playback and the task reading what the gateway sends."""
-        await ws.send(connected_message())
-        params = instructions.parameters
-        await ws.send(start_message(stream_sid, call_sid, self.account_sid, params))
+        await ws.send(self._connected_message())
+        await ws.send(self._start_message(stream_sid, call_sid, instructions))
         t0 = time.monotonic() * 1000.0
         playback = _Playback(t0)
         return t0, playback, asyncio.create_task(self._read(ws, playback, result, stream_sid))
@@ -618,15 +620,19 @@ class TwilioSimulator:
                             f"a reactive caller frame is {SIM_FRAME_BYTES * 2} bytes, "
                             f"got {len(pcm)}"
                         )
-                    await ws.send(
-                        media_message(stream_sid, seq, n + 1, n * SIM_FRAME_MS, ulaw_encode(pcm))
+                    await self._send_media(
+                        ws,
+                        self._media_message(
+                            stream_sid, seq, n + 1, n * SIM_FRAME_MS, ulaw_encode(pcm)
+                        ),
                     )
                     result.sent_times_ms.append(now - t0)
                     sent.append(pcm)
                     seq += 1
                     n += 1
                     result.frames_sent += 1
-                await ws.send(stop_message(stream_sid, seq, call_sid, self.account_sid))
+                await self._flush_media(ws)
+                await ws.send(self._stop_message(stream_sid, seq, call_sid))
                 await ws.close()
             except ConnectionClosed:
                 pass
@@ -639,6 +645,35 @@ class TwilioSimulator:
         result.heard_pcm = playback.heard()
         result.sent_pcm = b"".join(sent)
         return result
+
+    # ---- the provider's wire (a subclass for another provider overrides these) ----
+
+    def _connected_message(self) -> str:
+        return connected_message()
+
+    def _start_message(
+        self, stream_sid: str, call_sid: str, instructions: StreamInstructions
+    ) -> str:
+        return start_message(stream_sid, call_sid, self.account_sid, instructions.parameters)
+
+    def _media_message(
+        self, stream_sid: str, seq: int, chunk: int, timestamp_ms: int, mulaw: bytes
+    ) -> str:
+        return media_message(stream_sid, seq, chunk, timestamp_ms, mulaw)
+
+    def _stop_message(self, stream_sid: str, seq: int, call_sid: str) -> str:
+        return stop_message(stream_sid, seq, call_sid, self.account_sid)
+
+    def _mark_message(self, stream_sid: str, name: str) -> str:
+        """The mark echoed once the audio before it has played."""
+        return json.dumps({"event": "mark", "streamSid": stream_sid, "mark": {"name": name}})
+
+    async def _send_media(self, ws: ClientConnection, message: str) -> None:
+        """Send one caller media message (a subclass may hold and reorder them)."""
+        await ws.send(message)
+
+    async def _flush_media(self, ws: ClientConnection) -> None:
+        """Send any media message :meth:`_send_media` still holds."""
 
     async def _read(
         self,
@@ -656,9 +691,7 @@ class TwilioSimulator:
             if delay > 0:
                 await asyncio.sleep(delay)
             try:
-                await ws.send(
-                    json.dumps({"event": "mark", "streamSid": stream_sid, "mark": {"name": name}})
-                )
+                await ws.send(self._mark_message(stream_sid, name))
                 result.marks_echoed += 1
             except ConnectionClosed:
                 pass

@@ -25,7 +25,7 @@ import functools
 import logging
 import re
 from collections.abc import Sequence
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -51,6 +51,7 @@ from rutster.gateway.ingress_provider import (
 from rutster.gateway.media_session import StreamEnded, release_if_never_connected
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.state import GatewayState
+from rutster.gateway.webhook_forms import read_form
 from rutster.protocols.call_control import CallControlFailure, ProviderCallControl
 from rutster.protocols.ingress import IngressCommand, StreamStarted
 from rutster.spend.gate import AdmissionRequest
@@ -84,18 +85,6 @@ PARAM_TAP_URL = "tap_url"
 #: Query parameter of the voice webhook URL selecting a brain for that number
 #: (``https://gw/twilio/voice?brain=wss://...``); must be on the allowlist.
 QUERY_BRAIN = "brain"
-#: Largest webhook body accepted. Twilio's form posts are a few hundred bytes to
-#: ~2 KB (docs/PROVIDERS.md §1.1 field list); 16 KiB leaves ample margin. It was 64 KiB
-#: until 2026-12-05: percent-decoding that much costs the event loop 4-5 ms per
-#: request, signed or not (measured, 2-core dev VM), about 1.2 ms at 16 KiB.
-MAX_WEBHOOK_BODY_BYTES = 16 * 1024
-#: Most form fields a webhook may carry. Twilio's voice and status webhooks send
-#: about 30 (docs/PROVIDERS.md §1.1 field list), plus one ``SipHeader_*`` per custom SIP
-#: header on SIP calls; 200 leaves ample margin. Without it a 64 KiB body of short
-#: fields (~6,500-11,000) cost the event loop 23-40 ms to parse and check the
-#: signature of (measured, 2-core dev VM, 2026-12-05): every call on the gateway
-#: stalled that long per such request, signed or not. 199 fields cost 0.24 ms.
-MAX_WEBHOOK_FIELDS = 200
 #: Twilio CallSids: "CA" + 32 hex digits; we accept any short token of safe
 #: characters so simulators and other Twilio-compatible providers also work.
 CALL_SID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -136,44 +125,16 @@ def _signed_url(base: str, query: str) -> str:
     return f"{base}?{query}" if query else base
 
 
-def _too_many_fields(body: bytes) -> bool:
-    """More than :data:`MAX_WEBHOOK_FIELDS` fields, counted before anything is parsed."""
-    return body.count(b"&") >= MAX_WEBHOOK_FIELDS
-
-
-async def _read_body(request: Request, limit: int) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def twilio_voice(request: Request) -> Response:
     """The voice webhook: answer TwiML that forks the call's audio to ``/twilio/stream``."""
     state = _state(request)
     config = state.config
     metrics = state.metrics
     if request.method == "POST":
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type != "application/x-www-form-urlencoded":
-            metrics.bad_messages.labels("twilio_webhook", "bad_content_type").inc()
-            return PlainTextResponse("expected application/x-www-form-urlencoded", 415)
-        body = await _read_body(request, MAX_WEBHOOK_BODY_BYTES)
-        if body is None:
-            metrics.bad_messages.labels("twilio_webhook", "too_large").inc()
-            return PlainTextResponse("request body too large", 413)
-        if _too_many_fields(body):
-            metrics.bad_messages.labels("twilio_webhook", "too_many_fields").inc()
-            return PlainTextResponse(f"more than {MAX_WEBHOOK_FIELDS} form fields", 413)
-        try:
-            params = parse_qsl(body.decode("utf-8"), keep_blank_values=True)
-        except (UnicodeDecodeError, ValueError):
-            metrics.bad_messages.labels("twilio_webhook", "bad_body").inc()
-            return PlainTextResponse("malformed form body", 400)
+        form = await read_form(request, metrics, "twilio_webhook")
+        if isinstance(form, Response):
+            return form
+        params = form.fields
     else:
         params = []
     if config.twilio_auth_token is not None:
@@ -267,19 +228,10 @@ async def twilio_status(request: Request) -> Response:
     """Status callbacks of placed calls: settle the ones that never connected."""
     state = _state(request)
     config = state.config
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    body = await _read_body(request, MAX_WEBHOOK_BODY_BYTES)
-    if content_type != "application/x-www-form-urlencoded" or body is None:
-        state.metrics.bad_messages.labels("twilio_status", "bad_body").inc()
-        return PlainTextResponse("expected a form body", 400)
-    if _too_many_fields(body):
-        state.metrics.bad_messages.labels("twilio_status", "too_many_fields").inc()
-        return PlainTextResponse(f"more than {MAX_WEBHOOK_FIELDS} form fields", 413)
-    try:
-        params = parse_qsl(body.decode("utf-8"), keep_blank_values=True)
-    except (UnicodeDecodeError, ValueError):
-        state.metrics.bad_messages.labels("twilio_status", "bad_body").inc()
-        return PlainTextResponse("malformed form body", 400)
+    form = await read_form(request, state.metrics, "twilio_status")
+    if isinstance(form, Response):
+        return form
+    params = form.fields
     if config.twilio_auth_token is not None:
         validator = TwilioSignatureValidator(config.twilio_auth_token)
         url = _signed_url(
