@@ -107,6 +107,17 @@ TWILIO_US_OUTBOUND_MICROS_PER_MINUTE = 14_000
 TWILIO_MEDIA_STREAMS_MICROS_PER_MINUTE = 4_000
 #: Twilio bills voice per started minute (twilio.com/en-us/voice/pricing/us: "rounded up").
 TWILIO_BILLING_INCREMENT_S = 60
+#: Telnyx voice with media streaming, per minute, each way. Seed decision, not checked
+#: against Telnyx's price list: Twilio's US rates with its Media Streams surcharge, a
+#: stand-in until the operator's price file (docs/SPEND.md) gives their own Telnyx rates.
+TELNYX_INBOUND_MICROS_PER_MINUTE = (
+    TWILIO_US_INBOUND_MICROS_PER_MINUTE + TWILIO_MEDIA_STREAMS_MICROS_PER_MINUTE
+)
+TELNYX_OUTBOUND_MICROS_PER_MINUTE = (
+    TWILIO_US_OUTBOUND_MICROS_PER_MINUTE + TWILIO_MEDIA_STREAMS_MICROS_PER_MINUTE
+)
+#: Billing increment of that stand-in: per started minute, as Twilio's (seed decision).
+TELNYX_BILLING_INCREMENT_S = 60
 #: Our SIP trunk, inbound, per minute (seed decision: the order of magnitude of Twilio
 #: Elastic SIP Trunking origination).
 SIP_INBOUND_MICROS_PER_MINUTE = 4_000
@@ -435,6 +446,12 @@ class PriceTable:
             telephony={
                 ("twilio", "inbound"): TelephonyRate(twilio_in, TWILIO_BILLING_INCREMENT_S),
                 ("twilio", "outbound"): TelephonyRate(twilio_out, TWILIO_BILLING_INCREMENT_S),
+                ("telnyx", "inbound"): TelephonyRate(
+                    TELNYX_INBOUND_MICROS_PER_MINUTE, TELNYX_BILLING_INCREMENT_S
+                ),
+                ("telnyx", "outbound"): TelephonyRate(
+                    TELNYX_OUTBOUND_MICROS_PER_MINUTE, TELNYX_BILLING_INCREMENT_S
+                ),
                 ("sip", "inbound"): TelephonyRate(
                     SIP_INBOUND_MICROS_PER_MINUTE, SIP_BILLING_INCREMENT_S
                 ),

@@ -42,6 +42,7 @@ from rutster.gateway.provider_registry import (
 )
 from rutster.gateway.providers import REGISTRY
 from rutster.gateway.providers.sip import SipProvider
+from rutster.gateway.providers.telnyx import TelnyxProvider
 from rutster.gateway.providers.twilio import PARAM_TAP_URL, TwilioMediaLeg, TwilioProvider
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.state import GatewayState
@@ -89,12 +90,14 @@ def sip_start() -> str:
     )
 
 
-def test_the_registry_lists_twilio_and_sip() -> None:
-    assert REGISTRY.names() == ("twilio", "sip")
+def test_the_registry_lists_twilio_sip_and_telnyx() -> None:
+    assert REGISTRY.names() == ("twilio", "sip", "telnyx")
+    # Telnyx answers calls only: the REST API does not place calls through it yet.
     assert REGISTRY.outbound_names() == ("twilio", "sip")
     assert isinstance(REGISTRY.get("twilio"), TwilioProvider)
     assert isinstance(REGISTRY.get("sip"), SipProvider)
-    assert REGISTRY.get("telnyx") is None
+    assert isinstance(REGISTRY.get("telnyx"), TelnyxProvider)
+    assert REGISTRY.get("vonage") is None
     # The REST API's provider enum is the registry's, not a list of its own.
     assert CREATE_CALL_SCHEMA["properties"]["provider"]["enum"] == list(OUTBOUND_PROVIDERS)
 
@@ -105,8 +108,8 @@ def test_the_registry_lists_twilio_and_sip() -> None:
         (TWILIO_CONNECTED, "twilio"),
         (start_message("MZ" + "1" * 32, "CA" + "2" * 32, "AC" + "3" * 32, {}), "twilio"),
         (sip_start(), "sip"),
-        # A Telnyx-like connected message (no protocol "Call"): nobody claims it.
-        (json.dumps({"event": "connected", "version": "1.0.0"}), None),
+        # Telnyx's connected names a version and no protocol (Twilio's says "Call").
+        (json.dumps({"event": "connected", "version": "1.0.0"}), "telnyx"),
         (json.dumps({"event": "media", "media": {"payload": ""}}), None),
         ("not json", None),
         ("[1, 2]", None),
@@ -160,11 +163,13 @@ def test_the_app_mounts_every_providers_routes_once() -> None:
         "/twilio/stream",
         "/sip/workers",
         "/sip/stream",
+        "/telnyx/voice",
+        "/telnyx/stream",
         AUTODETECT_MEDIA_PATH,
     ):
         assert path in paths
     media = [r for r in app.routes if isinstance(r, WebSocketRoute) and r.name.endswith("_media")]
-    assert sorted(r.path for r in media) == ["/sip/stream", "/twilio/stream"]
+    assert sorted(r.path for r in media) == ["/sip/stream", "/telnyx/stream", "/twilio/stream"]
 
 
 # ---- a provider added by one registry line ------------------------------------------------
@@ -351,7 +356,6 @@ async def test_a_twilio_stream_on_the_one_media_url_runs_the_call(
     "first",
     [
         "hello",
-        json.dumps({"event": "connected", "version": "1.0.0"}),  # Telnyx-like: not yet served
         json.dumps({"event": "media", "media": {"payload": "AAAA"}}),
         b"\x00\x01" * 160,
     ],

@@ -211,7 +211,9 @@ async def _run_call(
     seconds: float,
     auth_token: str | None,
     brain: str | None = None,
+    provider: str = "twilio",
 ) -> dict[str, object]:
+    from rutster.tools.telnyx_simulator import TelnyxSimulator, new_call_control_id
     from rutster.tools.twilio_simulator import (
         TwilioSimulator,
         best_lag_correlation,
@@ -222,10 +224,18 @@ async def _run_call(
     pcm = read_wav_8k(wav)
     if seconds > 0:
         pcm = pcm[: int(seconds * 8000) * 2]
-    simulator = TwilioSimulator(gateway_url, auth_token=auth_token)
+    simulator: TwilioSimulator
+    call_sid = None
+    if provider == "telnyx":
+        # Unsigned: only Telnyx holds the account's signing key, so this works against a
+        # gateway without TELNYX_PUBLIC_KEY (the suite covers signed webhooks).
+        simulator = TelnyxSimulator(gateway_url)
+        call_sid = new_call_control_id()
+    else:
+        simulator = TwilioSimulator(gateway_url, auth_token=auth_token)
     started = time.monotonic()
     query = urlencode({"brain": brain}) if brain else ""
-    result = await simulator.place_call(pcm, speed=speed, query=query)
+    result = await simulator.place_call(pcm, speed=speed, query=query, call_sid=call_sid)
     corr, lag = best_lag_correlation(pcm, result.heard_pcm)
     if out is not None:
         write_wav_8k(out, result.heard_pcm)
@@ -265,7 +275,7 @@ def _print_call_report(report: dict[str, object]) -> None:
     if first is not None:
         print(f"  first media back after {float(str(first)):.0f} ms")
     print(
-        f"  pacing                 max lead at Twilio {report['max_queue_ms']:.0f} ms, "
+        f"  pacing                 max lead at the provider {report['max_queue_ms']:.0f} ms, "
         f"inter-arrival jitter p99 {report['jitter_p99_ms']:.1f} ms, "
         f"gaps heard {report['heard_gaps']}"
     )
@@ -274,7 +284,7 @@ def _print_call_report(report: dict[str, object]) -> None:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    """Place one simulated Twilio call into a running gateway."""
+    """Place one simulated call (Twilio's or Telnyx's wire) into a running gateway."""
     _setup_logging("warning")
     token = _auth_token_from_env()
     report = asyncio.run(
@@ -286,6 +296,7 @@ def cmd_call(args: argparse.Namespace) -> int:
             args.seconds,
             token,
             args.brain,
+            args.provider,
         )
     )
     _print_call_report(report)
@@ -530,7 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     brain.add_argument("--log-level", default="info")
     brain.set_defaults(func=cmd_brain)
 
-    call = sub.add_parser("call", help="place a simulated Twilio call into a running gateway")
+    call = sub.add_parser("call", help="place a simulated provider call into a running gateway")
     call.add_argument("--wav", required=True, help="caller audio: 8 kHz mono 16-bit WAV")
     call.add_argument(
         "--gateway",
@@ -542,6 +553,12 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--seconds", type=float, default=0.0, help="only the first N s (0 = all)")
     call.add_argument(
         "--brain", default=None, help="choose an allowlisted brain URL via the webhook's ?brain="
+    )
+    call.add_argument(
+        "--provider",
+        choices=("twilio", "telnyx"),
+        default="twilio",
+        help="whose webhook and media-stream wire to simulate (telnyx: unsigned webhooks)",
     )
     call.set_defaults(func=cmd_call)
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from rutster.gateway.provider_registry import ProviderRegistry
 from rutster.gateway.providers.sip import SipProvider
+from rutster.gateway.providers.telnyx import TelnyxProvider
 from rutster.gateway.providers.twilio import TwilioProvider
 
 REGISTRY = ProviderRegistry(
     [
         TwilioProvider(),
         SipProvider(),
+        TelnyxProvider(),
     ]
 )

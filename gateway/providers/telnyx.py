@@ -1,0 +1,363 @@
+"""Telnyx media streaming (TeXML ``<Connect><Stream>``) as an ingress provider.
+
+The sans-I/O pieces are in ``trunk/telnyx/`` (stream codec, Ed25519 signatures,
+TeXML); this module is the gateway adapter of the registry
+(``gateway/providers/__init__.py``):
+
+- ``POST /telnyx/voice``: the number's TeXML application's voice URL. The body's
+  Ed25519 signature is checked when ``TELNYX_PUBLIC_KEY`` is set, the call is
+  admitted through the spend gate, and the answer is TeXML ``<Connect><Stream>``
+  back to ``/telnyx/stream`` carrying the call context and a per-call stream token
+  (``<Reject>`` or ``<Say>`` when the gate refused the call). The token binds the
+  webhook's ``CallControlId``, which the stream's ``start`` must carry.
+- ``/telnyx/stream`` (the media WebSocket, served by ``gateway/media_socket.py``):
+  Telnyx does not sign the upgrade (docs/PROVIDERS.md §2.5); the stream token
+  proves the call. Where Telnyx puts the ``<Parameter>``s on the socket is not
+  documented (§7 item 4), so the same parameters also ride on the stream URL's
+  query string, and the codec takes either.
+
+Ending the call closes the media socket: Telnyx then runs out of TeXML and hangs
+up. Transfer and outbound calls need Telnyx's REST API, which this adapter does
+not drive yet: the REST API refuses ``provider: "telnyx"`` with that reason, and
+the transfer tool is not offered on Telnyx calls.
+
+Settings (read from the gateway's environment, ``GatewayConfig.env``):
+``TELNYX_PUBLIC_KEY`` (or ``TELNYX_PUBLIC_KEY_FILE``), the account's base64
+Ed25519 public key from the Mission Control portal. Unset, Telnyx webhooks are
+refused on a gateway that checks signatures (``TWILIO_AUTH_TOKEN`` set), and taken
+unchecked only in dev mode, which the gateway warns about at startup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from rutster.base.env_values import ConfigError, read_secret
+from rutster.base.stream_token import PARAM_TOKEN
+from rutster.base.ws_close import CLOSE_NORMAL, MAX_CLOSE_REASON_CHARS
+from rutster.gateway.admission import Refused, admit_call, grant_stream
+from rutster.gateway.call import Call
+from rutster.gateway.config import public_ws_url
+from rutster.gateway.ingress_provider import (
+    DialFailed,
+    MediaLeg,
+    ProviderCapabilities,
+    StreamParams,
+)
+from rutster.gateway.media_session import StreamEnded
+from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
+from rutster.gateway.state import GatewayState
+from rutster.gateway.webhook_forms import read_form
+from rutster.protocols.call_control import ProviderCallControl
+from rutster.protocols.ingress import IngressCommand, StreamStarted
+from rutster.spend.gate import AdmissionRequest
+from rutster.spend.store import CallRecord
+from rutster.trunk.telnyx.codec import (
+    PARAM_DIRECTION,
+    PROVIDER,
+    FrameHeld,
+    TelnyxStreamCodec,
+    TelnyxStreamError,
+    sniff_telnyx_stream,
+)
+from rutster.trunk.telnyx.signature import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    TelnyxSignatureVerifier,
+)
+from rutster.trunk.telnyx.texml import (
+    connect_stream_texml,
+    reject_texml,
+    say_hangup_texml,
+    xml_can_carry,
+)
+
+log = logging.getLogger(__name__)
+
+#: Its endpoints.
+VOICE_PATH = "/telnyx/voice"
+MEDIA_PATH = "/telnyx/stream"
+#: The environment variable holding the account's Ed25519 public key (base64).
+ENV_PUBLIC_KEY = "TELNYX_PUBLIC_KEY"
+#: TeXML webhook fields (Twilio-style names, docs/PROVIDERS.md §2.1): the call's Call
+#: Control id, which the stream's ``start.call_control_id`` repeats and the stream
+#: token binds; and who placed the call.
+FIELD_CALL_CONTROL_ID = "CallControlId"
+FIELD_FROM = "From"
+FIELD_TO = "To"
+FIELD_DIRECTION = "Direction"
+#: Longest ``CallControlId`` accepted (Telnyx's are ``v3:`` + ~60 URL-safe characters,
+#: docs/PROVIDERS.md §2.3 example; 128 leaves margin and bounds what reaches the token).
+MAX_CALL_CONTROL_ID_CHARS = 128
+#: Custom parameter carrying the brain URL chosen at webhook time (bound into the token).
+PARAM_TAP_URL = "tap_url"
+#: Query parameter of the voice URL selecting a brain for that number (allowlisted).
+QUERY_BRAIN = "brain"
+#: What a refused caller hears with ``RUTSTER_REFUSAL_RESPONSE=say``.
+REFUSAL_SAY_TEXT = "Sorry, this call cannot be taken right now. Goodbye."
+#: Metrics labels of this provider's webhooks and stream.
+SOURCE_WEBHOOK = "telnyx_webhook"
+
+
+@dataclass(frozen=True, slots=True)
+class TelnyxSettings:
+    """This provider's settings, read from the gateway's environment."""
+
+    #: Checks webhook signatures (None: ``TELNYX_PUBLIC_KEY`` unset, nothing checked).
+    verifier: TelnyxSignatureVerifier | None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> TelnyxSettings:
+        """Raises :class:`ConfigError` for a key that is not a base64 Ed25519 public key."""
+        key = read_secret(env, ENV_PUBLIC_KEY)
+        if key is None:
+            return cls(verifier=None)
+        try:
+            return cls(verifier=TelnyxSignatureVerifier(key))
+        except ValueError as exc:
+            raise ConfigError(f"{ENV_PUBLIC_KEY}: {exc}") from None
+
+
+def telnyx_settings(state: GatewayState) -> TelnyxSettings:
+    """This app's Telnyx settings (read once, at :meth:`TelnyxProvider.startup`)."""
+    settings = state.provider_state.get(PROVIDER)
+    if not isinstance(settings, TelnyxSettings):
+        settings = TelnyxSettings.from_env(state.config.env)
+        state.provider_state[PROVIDER] = settings
+    return settings
+
+
+def _stream_url(state: GatewayState, parameters: Mapping[str, str]) -> str:
+    """The media socket's URL with the stream's parameters in its query string."""
+    return public_ws_url(state.config.public_url, MEDIA_PATH) + "?" + urlencode(parameters)
+
+
+async def telnyx_voice(request: Request) -> Response:
+    """The TeXML voice webhook: answer ``<Connect><Stream>`` to ``/telnyx/stream``."""
+    state: GatewayState = request.app.state.gateway
+    config = state.config
+    metrics = state.metrics
+    form = await read_form(request, metrics, SOURCE_WEBHOOK)
+    if isinstance(form, Response):
+        return form
+    verifier = telnyx_settings(state).verifier
+    if verifier is None and config.signatures_enforced:
+        # A secured gateway (Twilio's token set) must not leave this door unlocked:
+        # without the Telnyx key nothing proves a webhook came from Telnyx.
+        metrics.signature_failures.labels("telnyx_voice").inc()
+        log.warning("Telnyx voice webhook refused: %s is not set", ENV_PUBLIC_KEY)
+        return PlainTextResponse(f"Telnyx webhooks need {ENV_PUBLIC_KEY} on this gateway", 403)
+    if verifier is not None:
+        verdict = verifier.verify(
+            form.body,
+            request.headers.get(SIGNATURE_HEADER),
+            request.headers.get(TIMESTAMP_HEADER),
+            now_s=time.time(),
+        )
+        if not verdict.ok:
+            metrics.signature_failures.labels("telnyx_voice").inc()
+            log.warning("Telnyx voice webhook refused: signature %s", verdict.reason)
+            return PlainTextResponse("invalid signature", 403)
+    fields = dict(form.fields)
+    call_control_id = fields.get(FIELD_CALL_CONTROL_ID, "")
+    if not call_control_id or len(call_control_id) > MAX_CALL_CONTROL_ID_CHARS:
+        metrics.bad_messages.labels(SOURCE_WEBHOOK, "bad_call_control_id").inc()
+        return PlainTextResponse(f"missing or malformed {FIELD_CALL_CONTROL_ID}", 400)
+    for party in (FIELD_FROM, FIELD_TO, FIELD_DIRECTION, FIELD_CALL_CONTROL_ID):
+        if not xml_can_carry(fields.get(party, "")):
+            metrics.bad_messages.labels(SOURCE_WEBHOOK, "bad_party").inc()
+            return PlainTextResponse(f"{party} holds a character XML cannot carry", 400)
+    to = fields.get(FIELD_TO, "")
+    tap_url = (
+        request.query_params.get(QUERY_BRAIN) or config.tap_url_by_number.get(to) or config.tap_url
+    )
+    if not config.tap_allowlist.allows(tap_url):
+        metrics.tap_url_rejections.inc()
+        log.warning("Telnyx voice webhook refused: brain URL not on the allowlist")
+        return PlainTextResponse("brain URL not allowed", 403)
+    admitted = await admit_call(state, _admission(state, call_control_id, fields, tap_url))
+    if isinstance(admitted, Refused):
+        return _refusal(state)
+    grant = grant_stream(state, admitted, stream_call_id=call_control_id, tap_url=tap_url)
+    parameters = {
+        PARAM_DIRECTION: fields.get(FIELD_DIRECTION, "inbound"),
+        PARAM_TAP_URL: tap_url,
+        PARAM_SPEND: grant.spend_text,
+        PARAM_TOKEN: grant.token,
+    }
+    texml = connect_stream_texml(_stream_url(state, parameters), parameters)
+    return Response(texml, media_type="text/xml")
+
+
+def _admission(
+    state: GatewayState, call_control_id: str, fields: dict[str, str], tap_url: str
+) -> AdmissionRequest:
+    direction = "outbound" if fields.get(FIELD_DIRECTION, "").startswith("outbound") else "inbound"
+    own_number = fields.get(FIELD_FROM, "") if direction == "outbound" else fields.get(FIELD_TO, "")
+    return AdmissionRequest(
+        tenant=state.config.spend.tenant_for_number(own_number),
+        provider=PROVIDER,
+        direction=direction,
+        caller=fields.get(FIELD_FROM, "")[:64],
+        to=fields.get(FIELD_TO, "")[:64],
+        brain=tap_url,
+        provider_call_id=call_control_id,
+    )
+
+
+def _refusal(state: GatewayState) -> Response:
+    kind = state.config.spend.refusal_response
+    if kind == "say":
+        texml = say_hangup_texml(REFUSAL_SAY_TEXT)
+    else:
+        texml = reject_texml("busy" if kind == "busy" else "rejected")
+    return Response(texml, media_type="text/xml")
+
+
+class TelnyxEdge:
+    """Sends core commands to Telnyx over the media socket (the ``CallEdge`` for Telnyx)."""
+
+    def __init__(self, websocket: WebSocket, codec: TelnyxStreamCodec) -> None:
+        self._ws = websocket
+        self._codec = codec
+        self.closed = False
+
+    async def send(self, command: IngressCommand) -> None:
+        """Encode and send; a socket that is already gone makes this a no-op."""
+        if self.closed:
+            return
+        try:
+            await self._ws.send_text(self._codec.encode(command))
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            self.closed = True
+
+    async def close(self, reason: str) -> None:
+        """Close the media socket: Telnyx runs out of TeXML and the call ends."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            await self._ws.close(CLOSE_NORMAL, reason[:MAX_CLOSE_REASON_CHARS])
+
+
+class TelnyxMediaLeg:
+    """One ``/telnyx/stream`` socket: text frames only; held frames and Telnyx's
+    ``error`` messages are provider messages handled here."""
+
+    binary_frames = False
+
+    def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
+        self._codec = TelnyxStreamCodec(url_parameters=dict(websocket.query_params))
+        self._edge = TelnyxEdge(websocket, self._codec)
+        self._metrics = state.metrics
+
+    @property
+    def edge(self) -> TelnyxEdge:
+        """Encodes commands as Telnyx ``media``/``mark``/``clear`` messages."""
+        return self._edge
+
+    def decode(self, frame: str | bytes) -> object:
+        """Text frames only: the socket reader drops binary ones for this leg."""
+        assert isinstance(frame, str)
+        return self._codec.receive(frame)
+
+    @property
+    def call_control(self) -> ProviderCallControl | None:
+        """None: hanging up is closing the socket; transfer needs Telnyx's REST API."""
+        return None
+
+    def attach(self, context: SpendContext) -> None:
+        """Nothing to register."""
+
+    async def on_message(self, message: object, call: Call | None) -> StreamEnded | None:
+        """A frame held for reordering (nothing to do yet), or Telnyx's ``error``."""
+        if isinstance(message, TelnyxStreamError):
+            self._metrics.bad_messages.labels(PROVIDER, "provider_error").inc()
+            log.warning("Telnyx stream error %s (%s)", message.code, message.title)
+        elif not isinstance(message, FrameHeld):
+            log.debug("Telnyx media: ignored %s", type(message).__name__)
+        return None
+
+    def detach(self, context: SpendContext) -> None:
+        """Nothing to unregister; reordering losses go to the log."""
+        if self._codec.frames_skipped:
+            log.info(
+                "Telnyx stream %s: %d media frames lost (gaps skipped), %d reordered",
+                self._codec.stream_id,
+                self._codec.frames_skipped,
+                self._codec.frames_reordered,
+            )
+
+    def stream_ended(self) -> None:
+        """Nothing waits on the socket."""
+
+
+class TelnyxProvider:
+    """Telnyx media streaming through a TeXML application (inbound calls)."""
+
+    name = PROVIDER
+    media_path = MEDIA_PATH
+    capabilities = ProviderCapabilities(
+        playback_marks=True,
+        clear="stops playback and flushes Telnyx's queue; the marks queued behind it come "
+        "back (docs/PROVIDERS.md §2.4)",
+        wire_format="PCMU 8 kHz (RTP payloads), base64 in JSON text frames; media may arrive "
+        "out of order and is put back in order by chunk",
+        dials_sip_uris=False,
+        outbound=False,
+    )
+
+    def routes(self) -> Sequence[BaseRoute]:
+        """The TeXML voice webhook."""
+        return [Route(VOICE_PATH, telnyx_voice, methods=["POST"])]
+
+    async def startup(self, state: GatewayState) -> None:
+        """Read the settings now, so a bad ``TELNYX_PUBLIC_KEY`` stops the gateway at once."""
+        telnyx_settings(state)
+
+    async def shutdown(self, state: GatewayState) -> None:
+        """Nothing opened."""
+
+    def authorize_media(self, websocket: WebSocket, state: GatewayState) -> str | None:
+        """Telnyx signs no upgrade: the stream token in the parameters proves the call."""
+        return None
+
+    def open_leg(self, websocket: WebSocket, state: GatewayState) -> MediaLeg:
+        """A fresh codec, given the socket URL's parameters, and its edge."""
+        return TelnyxMediaLeg(websocket, state)
+
+    def stream_params(self, started: StreamStarted, state: GatewayState) -> StreamParams:
+        """The parameters our TeXML gave the stream (URL query or ``<Parameter>``s)."""
+        params = started.custom_parameters
+        return StreamParams(
+            tap_url=params.get(PARAM_TAP_URL) or state.config.tap_url,
+            spend_text=params.get(PARAM_SPEND, ""),
+            token=params.get(PARAM_TOKEN),
+        )
+
+    def sniff(self, first_message: str | bytes) -> bool:
+        """Telnyx's ``connected`` (a version, no protocol) or ``start`` (``stream_id``)."""
+        return sniff_telnyx_stream(first_message)
+
+    def outbound_unavailable(self, state: GatewayState) -> str | None:
+        """Always: placing Telnyx calls needs its REST API, not driven yet."""
+        return "outbound Telnyx calls are not supported yet (rutster answers Telnyx calls only)"
+
+    async def dial(
+        self, state: GatewayState, context: SpendContext, *, to: str, from_: str, tap_url: str
+    ) -> str:
+        """Never reached (:meth:`outbound_unavailable` always refuses)."""
+        raise DialFailed("outbound Telnyx calls are not supported yet")
+
+    async def cancel(self, state: GatewayState, record: CallRecord) -> None:
+        """Nothing to cancel: no Telnyx call is ever placed."""

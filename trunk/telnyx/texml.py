@@ -1,0 +1,89 @@
+"""TeXML documents the Telnyx answer webhook replies with (docs/PROVIDERS.md §2.1).
+
+TeXML is Telnyx's Twilio-compatible XML. ``<Connect><Stream>`` forks the call to
+our media socket both ways: ``bidirectionalMode="rtp"`` is required, or Telnyx
+takes the raw audio we send for MP3 and the caller hears nothing (§2.1), and the
+codec is pinned to PCMU at 8 kHz both ways, the one format the stream codec
+(``trunk/telnyx/codec.py``) accepts. Built with :mod:`xml.etree.ElementTree`, which
+escapes text and attribute values; characters XML 1.0 cannot carry are refused.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+
+__all__ = [
+    "REJECT_REASONS",
+    "connect_stream_texml",
+    "reject_texml",
+    "say_hangup_texml",
+    "xml_can_carry",
+]
+
+#: ``<Reject reason>`` values (TeXML follows TwiML's ``<Reject>``: ``rejected``, ``busy``).
+REJECT_REASONS = frozenset({"rejected", "busy"})
+#: Stream attributes our codec relies on (§2.1): RTP mode, PCMU at 8 kHz both ways.
+STREAM_ATTRIBUTES = {
+    "bidirectionalMode": "rtp",
+    "codec": "PCMU",
+    "bidirectionalCodec": "PCMU",
+    "bidirectionalSamplingRate": "8000",
+}
+_XML_DECLARATION = '<?xml version="1.0" encoding="UTF-8"?>'
+#: Characters outside the XML 1.0 ``Char`` production (W3C XML 1.0 §2.2).
+_INVALID_XML_CHARS = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_can_carry(text: str) -> bool:
+    """True when ``text`` has only characters an XML 1.0 document may hold."""
+    return _INVALID_XML_CHARS.search(text) is None
+
+
+def _document(root: ET.Element) -> str:
+    return _XML_DECLARATION + ET.tostring(root, encoding="unicode")
+
+
+def _checked(text: str, what: str) -> str:
+    if not xml_can_carry(text):
+        raise ValueError(f"{what} holds a character XML cannot carry")
+    return text
+
+
+def connect_stream_texml(stream_url: str, parameters: Mapping[str, str]) -> str:
+    """``<Connect><Stream>`` to ``stream_url`` carrying ``parameters`` as ``<Parameter>``s.
+
+    Raises ``ValueError`` for a URL that is not ``ws``/``wss`` or a value XML cannot carry.
+    """
+    if not stream_url.startswith(("wss://", "ws://")):
+        raise ValueError("the stream URL must be ws:// or wss://")
+    response = ET.Element("Response")
+    connect = ET.SubElement(response, "Connect")
+    stream = ET.SubElement(
+        connect, "Stream", {"url": _checked(stream_url, "stream URL"), **STREAM_ATTRIBUTES}
+    )
+    for name, value in parameters.items():
+        ET.SubElement(
+            stream,
+            "Parameter",
+            {"name": _checked(name, "parameter name"), "value": _checked(value, "parameter")},
+        )
+    return _document(response)
+
+
+def reject_texml(reason: str) -> str:
+    """``<Reject>``: refuse the call before it is answered (no charge for the caller)."""
+    if reason not in REJECT_REASONS:
+        raise ValueError(f"reject reason must be one of {sorted(REJECT_REASONS)}")
+    response = ET.Element("Response")
+    ET.SubElement(response, "Reject", {"reason": reason})
+    return _document(response)
+
+
+def say_hangup_texml(text: str) -> str:
+    """``<Say>`` a sentence, then ``<Hangup/>``."""
+    response = ET.Element("Response")
+    ET.SubElement(response, "Say").text = _checked(text, "say text")
+    ET.SubElement(response, "Hangup")
+    return _document(response)
