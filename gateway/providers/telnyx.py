@@ -16,14 +16,16 @@ TeXML); this module is the gateway adapter of the registry
   documented (§7 item 4), so the same parameters also ride on the stream URL's
   query string, and the codec takes either.
 
-Ending the call closes the media socket: Telnyx then runs out of TeXML and hangs
-up. Transfer and outbound calls need Telnyx's REST API, which this adapter does
-not drive yet: the REST API refuses ``provider: "telnyx"`` with that reason, and
-the transfer tool is not offered on Telnyx calls.
+Hang-up and transfer go through Telnyx's Call Control API on the stream's
+``call_control_id`` when ``TELNYX_API_KEY`` is set (``trunk/telnyx/call_control.py``);
+without it, ending the call closes the media socket (Telnyx then runs out of TeXML
+and hangs up) and there is no transfer. Outbound calls through Telnyx are not
+placed yet: the REST API does not offer ``provider: "telnyx"``.
 
 Settings (read from the gateway's environment, ``GatewayConfig.env``):
 ``TELNYX_PUBLIC_KEY`` (or ``TELNYX_PUBLIC_KEY_FILE``), the account's base64
-Ed25519 public key from the Mission Control portal. Unset, Telnyx webhooks are
+Ed25519 public key from the Mission Control portal; ``TELNYX_API_KEY`` (or
+``_FILE``) for call control, and ``TELNYX_API_BASE_URL``. Unset, Telnyx webhooks are
 refused on a gateway that checks signatures (``TWILIO_AUTH_TOKEN`` set), and taken
 unchecked only in dev mode, which the gateway warns about at startup.
 """
@@ -34,8 +36,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from urllib.parse import urlencode
+from dataclasses import dataclass, field
+from urllib.parse import urlencode, urlsplit
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -62,6 +64,7 @@ from rutster.protocols.call_control import ProviderCallControl
 from rutster.protocols.ingress import IngressCommand, StreamStarted
 from rutster.spend.gate import AdmissionRequest
 from rutster.spend.store import CallRecord
+from rutster.trunk.telnyx.call_control import TELNYX_API_BASE_URL, TelnyxCallControl
 from rutster.trunk.telnyx.codec import (
     PARAM_DIRECTION,
     PROVIDER,
@@ -87,8 +90,11 @@ log = logging.getLogger(__name__)
 #: Its endpoints.
 VOICE_PATH = "/telnyx/voice"
 MEDIA_PATH = "/telnyx/stream"
-#: The environment variable holding the account's Ed25519 public key (base64).
+#: The environment variables of this provider: the account's Ed25519 public key
+#: (base64), its Call Control API key, and the API's base URL (tests: a local fake).
 ENV_PUBLIC_KEY = "TELNYX_PUBLIC_KEY"
+ENV_API_KEY = "TELNYX_API_KEY"
+ENV_API_BASE_URL = "TELNYX_API_BASE_URL"
 #: TeXML webhook fields (Twilio-style names, docs/PROVIDERS.md §2.1): the call's Call
 #: Control id, which the stream's ``start.call_control_id`` repeats and the stream
 #: token binds; and who placed the call.
@@ -113,28 +119,43 @@ SOURCE_WEBHOOK = "telnyx_webhook"
 class TelnyxSettings:
     """This provider's settings, read from the gateway's environment."""
 
-    #: Checks webhook signatures (None: ``TELNYX_PUBLIC_KEY`` unset, nothing checked).
+    #: Checks webhook signatures (None: ``TELNYX_PUBLIC_KEY`` unset).
     verifier: TelnyxSignatureVerifier | None
+    #: Call Control API key (None: ``TELNYX_API_KEY`` unset, no REST call control).
+    api_key: str | None = field(default=None, repr=False)
+    api_base_url: str = TELNYX_API_BASE_URL
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> TelnyxSettings:
-        """Raises :class:`ConfigError` for a key that is not a base64 Ed25519 public key."""
+        """Raises :class:`ConfigError` for a key that is not a base64 Ed25519 public key
+        or an API base URL that is not http(s)."""
         key = read_secret(env, ENV_PUBLIC_KEY)
-        if key is None:
-            return cls(verifier=None)
         try:
-            return cls(verifier=TelnyxSignatureVerifier(key))
+            verifier = None if key is None else TelnyxSignatureVerifier(key)
         except ValueError as exc:
             raise ConfigError(f"{ENV_PUBLIC_KEY}: {exc}") from None
+        base = env.get(ENV_API_BASE_URL, "").strip() or TELNYX_API_BASE_URL
+        parts = urlsplit(base)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"{ENV_API_BASE_URL} must be an http(s) URL, got {base!r}")
+        return cls(verifier=verifier, api_key=read_secret(env, ENV_API_KEY), api_base_url=base)
 
 
-def telnyx_settings(state: GatewayState) -> TelnyxSettings:
-    """This app's Telnyx settings (read once, at :meth:`TelnyxProvider.startup`)."""
-    settings = state.provider_state.get(PROVIDER)
-    if not isinstance(settings, TelnyxSettings):
-        settings = TelnyxSettings.from_env(state.config.env)
-        state.provider_state[PROVIDER] = settings
-    return settings
+@dataclass
+class TelnyxAppState:
+    """What this provider keeps per app (``GatewayState.provider_state["telnyx"]``)."""
+
+    settings: TelnyxSettings
+    call_control: TelnyxCallControl | None = None
+
+
+def telnyx_state(state: GatewayState) -> TelnyxAppState:
+    """This app's Telnyx settings and REST client (read once, at startup)."""
+    kept = state.provider_state.get(PROVIDER)
+    if not isinstance(kept, TelnyxAppState):
+        kept = TelnyxAppState(TelnyxSettings.from_env(state.config.env))
+        state.provider_state[PROVIDER] = kept
+    return kept
 
 
 def _stream_url(state: GatewayState, parameters: Mapping[str, str]) -> str:
@@ -150,7 +171,7 @@ async def telnyx_voice(request: Request) -> Response:
     form = await read_form(request, metrics, SOURCE_WEBHOOK)
     if isinstance(form, Response):
         return form
-    verifier = telnyx_settings(state).verifier
+    verifier = telnyx_state(state).settings.verifier
     if verifier is None and config.signatures_enforced:
         # A secured gateway (Twilio's token set) must not leave this door unlocked:
         # without the Telnyx key nothing proves a webhook came from Telnyx.
@@ -260,6 +281,7 @@ class TelnyxMediaLeg:
         self._codec = TelnyxStreamCodec(url_parameters=dict(websocket.query_params))
         self._edge = TelnyxEdge(websocket, self._codec)
         self._metrics = state.metrics
+        self._call_control = telnyx_state(state).call_control
 
     @property
     def edge(self) -> TelnyxEdge:
@@ -273,8 +295,9 @@ class TelnyxMediaLeg:
 
     @property
     def call_control(self) -> ProviderCallControl | None:
-        """None: hanging up is closing the socket; transfer needs Telnyx's REST API."""
-        return None
+        """Telnyx's Call Control API (None without ``TELNYX_API_KEY``: hanging up is
+        closing the socket, and there is no transfer)."""
+        return self._call_control
 
     def attach(self, context: SpendContext) -> None:
         """Nothing to register."""
@@ -322,11 +345,19 @@ class TelnyxProvider:
         return [Route(VOICE_PATH, telnyx_voice, methods=["POST"])]
 
     async def startup(self, state: GatewayState) -> None:
-        """Read the settings now, so a bad ``TELNYX_PUBLIC_KEY`` stops the gateway at once."""
-        telnyx_settings(state)
+        """Read the settings now (a bad one stops the gateway at once); open the REST
+        client when ``TELNYX_API_KEY`` is set."""
+        kept = telnyx_state(state)
+        settings = kept.settings
+        if settings.api_key is not None:
+            kept.call_control = TelnyxCallControl(settings.api_key, base_url=settings.api_base_url)
 
     async def shutdown(self, state: GatewayState) -> None:
-        """Nothing opened."""
+        """Close the REST client :meth:`startup` opened."""
+        kept = telnyx_state(state)
+        if kept.call_control is not None:
+            await kept.call_control.aclose()
+            kept.call_control = None
 
     def authorize_media(self, websocket: WebSocket, state: GatewayState) -> str | None:
         """Telnyx signs no upgrade: the stream token in the parameters proves the call."""

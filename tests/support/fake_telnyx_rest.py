@@ -1,0 +1,115 @@
+"""A FAKE Telnyx Call Control API, for tests (a test double, never shipped). It is not Telnyx.
+
+:class:`FakeTelnyxRest` serves ``POST /v2/calls/{call_control_id}/actions/{hangup,transfer}``
+on a loopback port, shaped as docs/PROVIDERS.md §2.1 and the Telnyx SDK describe
+them: Bearer authentication, JSON bodies, ``{"data": {"result": "ok"}}`` on
+success, ``422`` with ``{"errors": [{"code": "90018", ...}]}`` for a call that has
+already ended, ``401`` for a wrong key. Calls are registered by the test; a hang-up
+or transfer ends a registered call and sets its event, so a simulated Telnyx
+stream stops as Telnyx's would. Every request is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from rutster.tools.launcher import LOOPBACK, free_port
+
+#: The key the fake accepts.
+FAKE_API_KEY = "KEYfake0123456789"
+
+
+@dataclass
+class RecordedRequest:
+    """One request the fake got."""
+
+    method: str
+    path: str
+    authorization: str | None
+    body: dict[str, Any]
+
+
+@dataclass
+class FakeTelnyxRest:
+    """The fake's state: registered calls (``call_control_id`` → ended event), requests."""
+
+    calls: dict[str, asyncio.Event] = field(default_factory=dict)
+    requests: list[RecordedRequest] = field(default_factory=list)
+    base_url: str = ""
+
+    def register_call(self, call_control_id: str) -> asyncio.Event:
+        """A live call; the event is set once a hang-up or transfer ends it here."""
+        event = asyncio.Event()
+        self.calls[call_control_id] = event
+        return event
+
+    async def _action(self, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {"_unparsed": raw.decode("utf-8", "replace")}
+        call_id = request.path_params["call_control_id"]
+        action = request.path_params["action"]
+        self.requests.append(
+            RecordedRequest(
+                request.method,
+                request.url.path,
+                request.headers.get("authorization"),
+                body if isinstance(body, dict) else {},
+            )
+        )
+        if request.headers.get("authorization") != f"Bearer {FAKE_API_KEY}":
+            return JSONResponse({"errors": [{"code": "10009", "title": "Authentication"}]}, 401)
+        if action not in ("hangup", "transfer"):
+            return JSONResponse({"errors": [{"code": "10005", "title": "Not found"}]}, 404)
+        ended = self.calls.get(call_id)
+        if ended is None or ended.is_set():
+            return JSONResponse(
+                {"errors": [{"code": "90018", "title": "Call has already ended"}]}, 422
+            )
+        if action == "transfer" and not isinstance(body.get("to"), str):
+            return JSONResponse({"errors": [{"code": "10015", "title": "Bad request"}]}, 422)
+        ended.set()
+        return JSONResponse({"data": {"result": "ok"}})
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route(
+                    "/v2/calls/{call_control_id}/actions/{action}", self._action, methods=["POST"]
+                )
+            ]
+        )
+
+
+@contextlib.asynccontextmanager
+async def serve_fake_telnyx() -> AsyncIterator[FakeTelnyxRest]:
+    """Run a :class:`FakeTelnyxRest` on a free loopback port until the block exits."""
+    fake = FakeTelnyxRest()
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(fake.app(), host=LOOPBACK, port=port, log_level="warning", lifespan="off")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    fake.base_url = f"http://{LOOPBACK}:{port}/v2"
+    try:
+        yield fake
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)

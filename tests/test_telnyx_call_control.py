@@ -1,0 +1,152 @@
+"""Telnyx call control (trunk/telnyx/call_control.py) against a FAKE Call Control API,
+checked against what the Telnyx SDK sends, and end to end through the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from telnyx import AsyncTelnyx
+
+from rutster.brains.echo import EchoBrain
+from rutster.gateway.providers.telnyx import ENV_API_BASE_URL, ENV_API_KEY, ENV_PUBLIC_KEY
+from rutster.protocols.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRING
+from rutster.tools.launcher import LOOPBACK, free_port
+from rutster.tools.telnyx_simulator import TelnyxSimulator, new_call_control_id
+from rutster.trunk.telnyx.call_control import TelnyxCallControl, TelnyxCallControlError
+from tests.conftest import TEST_ADMIN_KEY, eventually, gateway_config, serve_gateway
+from tests.support.fake_telnyx_rest import FAKE_API_KEY, FakeTelnyxRest, serve_fake_telnyx
+
+ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelnyxRest]:
+    async with serve_fake_telnyx() as running:
+        yield running
+
+
+@pytest.fixture
+async def control(fake: FakeTelnyxRest) -> AsyncIterator[TelnyxCallControl]:
+    client = TelnyxCallControl(FAKE_API_KEY, base_url=fake.base_url)
+    yield client
+    await client.aclose()
+
+
+async def test_hang_up_then_again_is_already_ended(
+    fake: FakeTelnyxRest, control: TelnyxCallControl
+) -> None:
+    call = new_call_control_id()
+    ended = fake.register_call(call)
+    assert await control.hang_up(call) == CHANNEL_COMPLETED
+    assert ended.is_set()
+    with pytest.raises(TelnyxCallControlError) as err:
+        await control.hang_up(call)
+    assert err.value.reason == "already_ended"
+    request = fake.requests[0]
+    assert (request.method, request.path) == ("POST", f"/v2/calls/{call}/actions/hangup")
+    assert request.authorization == f"Bearer {FAKE_API_KEY}"
+    assert set(request.body) == {"command_id"}
+
+
+@pytest.mark.parametrize("destination", ["+15551234567", "sip:desk@pbx.example.com"])
+async def test_transfer_sends_the_destination(
+    fake: FakeTelnyxRest, control: TelnyxCallControl, destination: str
+) -> None:
+    call = new_call_control_id()
+    fake.register_call(call)
+    assert await control.transfer(call, destination) == CHANNEL_TRANSFERRING
+    assert fake.requests[0].path == f"/v2/calls/{call}/actions/transfer"
+    assert fake.requests[0].body["to"] == destination
+
+
+async def test_bad_input_never_reaches_telnyx(
+    fake: FakeTelnyxRest, control: TelnyxCallControl
+) -> None:
+    for call_id in ("", "a/b", "x" * 200, "v3:abc?x=1"):
+        with pytest.raises(TelnyxCallControlError) as err:
+            await control.hang_up(call_id)
+        assert err.value.reason == "bad_call_id"
+    for destination in ("555", "+0123", "tel:+15551234567", 'sip:a"b@c'):
+        with pytest.raises(TelnyxCallControlError) as err:
+            await control.transfer(new_call_control_id(), destination)
+        assert err.value.reason == "bad_destination"
+    assert fake.requests == []
+
+
+async def test_failures_have_stable_reasons(fake: FakeTelnyxRest) -> None:
+    wrong = TelnyxCallControl("KEYwrong", base_url=fake.base_url)
+    with pytest.raises(TelnyxCallControlError) as err:
+        await wrong.hang_up(new_call_control_id())
+    assert err.value.reason == "auth_failed" and "KEYwrong" not in str(err.value)
+    assert "KEYwrong" not in repr(wrong)
+    await wrong.aclose()
+    with pytest.raises(TelnyxCallControlError) as err:
+        await wrong.hang_up(new_call_control_id())
+    assert err.value.reason == "closed"
+    nobody = TelnyxCallControl(FAKE_API_KEY, base_url=f"http://{LOOPBACK}:{free_port()}/v2")
+    with pytest.raises(TelnyxCallControlError) as err:
+        await nobody.hang_up(new_call_control_id())
+    assert err.value.reason == "network"
+    await nobody.aclose()
+    for key, base in (("", "https://api.telnyx.com/v2"), ("k", "ftp://x")):
+        with pytest.raises(TelnyxCallControlError) as err:
+            TelnyxCallControl(key, base_url=base)
+        assert err.value.reason == "bad_config"
+
+
+async def test_requests_are_what_the_telnyx_sdk_sends(
+    fake: FakeTelnyxRest, control: TelnyxCallControl
+) -> None:
+    sdk = AsyncTelnyx(api_key=FAKE_API_KEY, base_url=fake.base_url, max_retries=0)
+    ours_call, sdk_call = new_call_control_id(), new_call_control_id()
+    for call in (ours_call, sdk_call):
+        fake.register_call(call)
+    await control.transfer(ours_call, "+15551234567")
+    await sdk.calls.actions.transfer(sdk_call, to="+15551234567")
+    for call in (ours_call, sdk_call):
+        fake.register_call(call)
+    await control.hang_up(ours_call)
+    await sdk.calls.actions.hangup(sdk_call)
+    await sdk.close()
+    ours = [r for r in fake.requests if ours_call in r.path]
+    theirs = [r for r in fake.requests if sdk_call in r.path]
+    assert len(ours) == len(theirs) == 2
+    for mine, sdks in zip(ours, theirs, strict=True):
+        assert mine.method == sdks.method
+        assert mine.path.replace(ours_call, "ID") == sdks.path.replace(sdk_call, "ID")
+        assert mine.authorization == sdks.authorization
+        # command_id is an optional field of both actions (the SDK's signature has it).
+        assert {k: v for k, v in mine.body.items() if k != "command_id"} == sdks.body
+
+
+async def test_an_api_hang_up_of_a_telnyx_call_goes_through_call_control(
+    echo_brain: EchoBrain, fake: FakeTelnyxRest, speech_pcm: bytes
+) -> None:
+    signer = TelnyxSimulator.new_signer()
+    env = {
+        ENV_PUBLIC_KEY: signer.public_key_b64,
+        ENV_API_KEY: FAKE_API_KEY,
+        ENV_API_BASE_URL: fake.base_url,
+    }
+    async with serve_gateway(gateway_config(echo_brain.url, env=env)) as gateway:
+        sim = TelnyxSimulator(gateway.url, signer=signer)
+        call_control_id = new_call_control_id()
+        hung_up = fake.register_call(call_control_id)
+        placed = asyncio.create_task(
+            sim.place_call(
+                speech_pcm, call_sid=call_control_id, provider_hangup=hung_up, tail_s=5.0
+            )
+        )
+        await eventually(lambda: len(gateway.state.calls_by_id) == 1)
+        call_id = next(iter(gateway.state.calls_by_id))
+        await asyncio.sleep(1.0)
+        async with httpx.AsyncClient(base_url=gateway.url) as http:
+            deleted = await http.delete(f"/v1/calls/{call_id}", headers=ADMIN)
+        assert deleted.status_code == 202, deleted.text
+        result = await asyncio.wait_for(placed, 10)
+        assert result.hung_up_by_provider  # Telnyx ended the call on the API's request
+        assert [r.path for r in fake.requests] == [f"/v2/calls/{call_control_id}/actions/hangup"]
+        await eventually(lambda: not gateway.state.calls)

@@ -1,0 +1,158 @@
+"""Telnyx call control over its Call Control API v2: hang up or transfer a live call.
+
+``POST {base}/calls/{call_control_id}/actions/hangup`` ends a call;
+``POST {base}/calls/{call_control_id}/actions/transfer`` with ``{"to": ...}``
+connects the caller elsewhere (docs/PROVIDERS.md §2.1; paths and fields as the
+Telnyx SDK's ``calls.actions.hangup`` and ``calls.actions.transfer`` send them,
+telnyx-python ``resources/calls/actions.py``). ``Authorization: Bearer <API key>``,
+JSON bodies. The ``call_control_id`` is the one the media stream's ``start``
+carries. A hang-up of a call that already ended answers 422 with error code
+``90018`` (§2.1).
+
+Every failure is a :class:`TelnyxCallControlError` with a stable ``reason``
+(``already_ended``, ``auth_failed``, ``bad_call_id``, ``bad_destination``,
+``timeout``, ``network``, ``http_error``, ``closed``). The API key never appears
+in a message, a log line or ``repr``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from rutster.protocols.call_control import (
+    CHANNEL_COMPLETED,
+    CHANNEL_TRANSFERRING,
+    CallControlFailure,
+)
+
+__all__ = [
+    "TELNYX_API_BASE_URL",
+    "TelnyxCallControl",
+    "TelnyxCallControlError",
+]
+
+#: The Call Control API's base URL (docs/PROVIDERS.md §2.1; telnyx-python's default
+#: ``base_url``).
+TELNYX_API_BASE_URL = "https://api.telnyx.com/v2"
+#: Whole-request deadline. Seed decision, as Twilio's (trunk/twilio/call_control.py):
+#: a hang-up must not stall a call's teardown for longer than a caller would notice.
+DEFAULT_TIMEOUT_S = 5.0
+#: A ``call_control_id`` as Telnyx issues them (``v3:`` and URL-safe characters, §2.3
+#: example); checked before any request, so nothing else reaches the URL path.
+CALL_CONTROL_ID_PATTERN = re.compile(r"[A-Za-z0-9:_\-]{1,128}")
+#: Transfer destinations: E.164 (ITU-T E.164 §6) or a SIP URI (RFC 3261 §19.1) of
+#: characters a URI carries unescaped; the transfer allowlist has already passed it.
+_E164 = re.compile(r"\+[1-9][0-9]{1,14}")
+_SIP_URI = re.compile(r"sips?:[A-Za-z0-9\-_.!~*'()%&=+$,;?/:@\[\]]{1,256}")
+#: Telnyx error code of a command on a call that has already ended (§2.1).
+CODE_ALREADY_ENDED = "90018"
+_AUTH_FAILED_STATUSES = frozenset({401, 403})
+_HTTP_NOT_FOUND = 404
+_HTTP_UNPROCESSABLE = 422
+
+
+class TelnyxCallControlError(CallControlFailure):
+    """A Call Control request failed; ``reason`` is a short stable label."""
+
+    def __init__(self, reason: str, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(reason, f"{reason}: {message}")
+        self.status_code = status_code
+
+
+class TelnyxCallControl:
+    """Hangs up and transfers Telnyx calls (:class:`~protocols.call_control.ProviderCallControl`).
+
+    Raises :class:`TelnyxCallControlError` (``bad_config``) at construction for an
+    empty key or a base URL that is not http(s).
+    """
+
+    def __init__(
+        self,
+        api_key: str,
+        *,
+        base_url: str = TELNYX_API_BASE_URL,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        if not api_key.strip():
+            raise TelnyxCallControlError("bad_config", "the Telnyx API key is empty")
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise TelnyxCallControlError("bad_config", "the Telnyx API base URL is not http(s)")
+        self._base = base_url.rstrip("/")
+        self._client = httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {api_key.strip()}", "Accept": "application/json"},
+            timeout=timeout_s,
+        )
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"TelnyxCallControl(base_url={self._base!r})"  # never the key
+
+    async def aclose(self) -> None:
+        """Close the HTTP client; later requests fail with ``closed``."""
+        self._closed = True
+        await self._client.aclose()
+
+    async def hang_up(self, call_id: str) -> str:
+        """End the call; ``completed``. A call already over raises ``already_ended``."""
+        await self._action(call_id, "hangup", {})
+        return CHANNEL_COMPLETED
+
+    async def transfer(self, call_id: str, destination: str) -> str:
+        """Connect the caller to ``destination`` (E.164 or SIP URI); ``transferring``."""
+        if not (_E164.fullmatch(destination) or _SIP_URI.fullmatch(destination)):
+            raise TelnyxCallControlError(
+                "bad_destination", "the destination is neither E.164 nor a SIP URI"
+            )
+        await self._action(call_id, "transfer", {"to": destination})
+        return CHANNEL_TRANSFERRING
+
+    async def _action(self, call_id: str, action: str, body: dict[str, str]) -> None:
+        if self._closed:
+            raise TelnyxCallControlError("closed", "the client was closed")
+        if not CALL_CONTROL_ID_PATTERN.fullmatch(call_id):
+            raise TelnyxCallControlError("bad_call_id", "malformed call_control_id")
+        url = f"{self._base}/calls/{quote(call_id, safe='')}/actions/{action}"
+        # command_id: Telnyx ignores a repeat of the same command on the same call (§2.1),
+        # so a retried request cannot act twice.
+        payload = {**body, "command_id": secrets.token_hex(16)}
+        try:
+            response = await self._client.post(url, json=payload)
+        except httpx.TimeoutException:
+            raise TelnyxCallControlError("timeout", f"{action} timed out") from None
+        except httpx.HTTPError as exc:
+            raise TelnyxCallControlError(
+                "network", f"{action} failed: {type(exc).__name__}"
+            ) from None
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        if status in _AUTH_FAILED_STATUSES:
+            raise TelnyxCallControlError(
+                "auth_failed", "Telnyx refused the API key", status_code=status
+            )
+        if status == _HTTP_NOT_FOUND or (
+            status == _HTTP_UNPROCESSABLE and CODE_ALREADY_ENDED in _error_codes(response)
+        ):
+            raise TelnyxCallControlError(
+                "already_ended", "the call has already ended", status_code=status
+            )
+        raise TelnyxCallControlError(
+            "http_error", f"{action} answered HTTP {status}", status_code=status
+        )
+
+
+def _error_codes(response: httpx.Response) -> set[str]:
+    """Telnyx's error codes in a failed answer (``{"errors": [{"code": ...}]}``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return set()
+    errors = body.get("errors") if isinstance(body, dict) else None
+    if not isinstance(errors, list):
+        return set()
+    return {str(e.get("code")) for e in errors if isinstance(e, dict)}
