@@ -92,8 +92,7 @@ def sip_start() -> str:
 
 def test_the_registry_lists_twilio_sip_and_telnyx() -> None:
     assert REGISTRY.names() == ("twilio", "sip", "telnyx")
-    # Telnyx answers calls only: the REST API does not place calls through it yet.
-    assert REGISTRY.outbound_names() == ("twilio", "sip")
+    assert REGISTRY.outbound_names() == ("twilio", "sip", "telnyx")
     assert isinstance(REGISTRY.get("twilio"), TwilioProvider)
     assert isinstance(REGISTRY.get("sip"), SipProvider)
     assert isinstance(REGISTRY.get("telnyx"), TelnyxProvider)

@@ -11,12 +11,18 @@ import pytest
 from telnyx import AsyncTelnyx
 
 from rutster.brains.echo import EchoBrain
-from rutster.gateway.providers.telnyx import ENV_API_BASE_URL, ENV_API_KEY, ENV_PUBLIC_KEY
+from rutster.gateway.providers.telnyx import (
+    ENV_API_BASE_URL,
+    ENV_API_KEY,
+    ENV_CONNECTION_ID,
+    ENV_PUBLIC_KEY,
+)
 from rutster.protocols.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRING
 from rutster.tools.launcher import LOOPBACK, free_port
 from rutster.tools.telnyx_simulator import TelnyxSimulator, new_call_control_id
+from rutster.tools.twilio_simulator import DIRECTION_OUTBOUND_API, SimulatedCallResult
 from rutster.trunk.telnyx.call_control import TelnyxCallControl, TelnyxCallControlError
-from tests.conftest import TEST_ADMIN_KEY, eventually, gateway_config, serve_gateway
+from tests.conftest import TEST_ADMIN_KEY, eventually, gateway_config, serve_gateway, tenant_key
 from tests.support.fake_telnyx_rest import FAKE_API_KEY, FakeTelnyxRest, serve_fake_telnyx
 
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
@@ -150,3 +156,122 @@ async def test_an_api_hang_up_of_a_telnyx_call_goes_through_call_control(
         assert result.hung_up_by_provider  # Telnyx ended the call on the API's request
         assert [r.path for r in fake.requests] == [f"/v2/calls/{call_control_id}/actions/hangup"]
         await eventually(lambda: not gateway.state.calls)
+
+
+# ---- outbound: POST /v1/calls through a TeXML application ---------------------------
+
+CONNECTION_ID = "1234567890123456789"
+
+
+async def test_create_texml_call_is_what_the_telnyx_sdk_sends(
+    fake: FakeTelnyxRest, control: TelnyxCallControl
+) -> None:
+    url = "https://gw.example.com/telnyx/voice?rutster_call=call_1"
+    sid = await control.create_texml_call(
+        CONNECTION_ID, to="+15559870000", from_="+15551230000", url=url
+    )
+    sdk = AsyncTelnyx(api_key=FAKE_API_KEY, base_url=fake.base_url, max_retries=0)
+    created = await sdk.texml.calls.create(
+        CONNECTION_ID, from_="+15551230000", to="+15559870000", url=url, method="POST"
+    )
+    await sdk.close()
+    ours, theirs = fake.requests
+    assert (ours.method, ours.path, ours.authorization) == (
+        theirs.method,
+        theirs.path,
+        theirs.authorization,
+    )
+    assert ours.path == f"/v2/texml/calls/{CONNECTION_ID}"
+    assert (
+        ours.body
+        == theirs.body
+        == {
+            "From": "+15551230000",
+            "To": "+15559870000",
+            "Url": url,
+            "Method": "POST",
+        }
+    )
+    assert sid in fake.calls and created.call_sid in fake.calls
+
+
+async def test_create_refuses_bad_arguments_before_any_request(
+    fake: FakeTelnyxRest, control: TelnyxCallControl
+) -> None:
+    cases = [
+        ("a/b", "+15559870000", "+15551230000", "https://gw/v"),
+        (CONNECTION_ID, "555", "+15551230000", "https://gw/v"),
+        (CONNECTION_ID, "+15559870000", "sip:x@y", "https://gw/v"),
+        (CONNECTION_ID, "+15559870000", "+15551230000", "ftp://gw/v"),
+    ]
+    for connection, to, from_, url in cases:
+        with pytest.raises(TelnyxCallControlError):
+            await control.create_texml_call(connection, to=to, from_=from_, url=url)
+    assert fake.requests == []
+
+
+async def test_an_outbound_telnyx_call_is_placed_answered_echoed_and_billed(
+    echo_brain: EchoBrain, fake: FakeTelnyxRest, speech_pcm: bytes
+) -> None:
+    signer = TelnyxSimulator.new_signer()
+    env = {
+        ENV_PUBLIC_KEY: signer.public_key_b64,
+        ENV_API_KEY: FAKE_API_KEY,
+        ENV_API_BASE_URL: fake.base_url,
+        ENV_CONNECTION_ID: CONNECTION_ID,
+    }
+    async with serve_gateway(gateway_config(echo_brain.url, env=env)) as gateway:
+        sim = TelnyxSimulator(gateway.url, signer=signer)
+        heard: list[SimulatedCallResult] = []
+
+        async def callee(call_control_id: str, url: str, ended: asyncio.Event) -> None:
+            heard.append(
+                await sim.place_call(
+                    speech_pcm[: 3 * 8000 * 2],
+                    call_sid=call_control_id,
+                    webhook_url=url,
+                    direction=DIRECTION_OUTBOUND_API,
+                    provider_hangup=ended,
+                    tail_s=0.8,
+                )
+            )
+
+        fake.on_answer = callee
+        async with httpx.AsyncClient(base_url=gateway.url) as http:
+            key = await tenant_key(http, "default")
+            created = await http.post(
+                "/v1/calls",
+                json={"to": "+15559870000", "from": "+15551230000", "provider": "telnyx"},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            assert created.status_code == 201, created.text
+            call_id = created.json()["id"]
+            await eventually(lambda: bool(heard), 15)
+            await eventually(lambda: not gateway.state.calls)
+            for _ in range(100):
+                record = (await http.get(f"/v1/calls/{call_id}", headers=ADMIN)).json()
+                if record["status"] == "ended":
+                    break
+                await asyncio.sleep(0.05)
+        assert heard[0].media_received >= 100  # the callee heard its own voice back
+        assert record["status"] == "ended" and record["provider"] == "telnyx"
+        assert record["direction"] == "outbound"
+        assert fake.requests[0].path == f"/v2/texml/calls/{CONNECTION_ID}"
+
+
+async def test_without_a_connection_id_the_api_says_telnyx_is_not_set_up(
+    echo_brain: EchoBrain, fake: FakeTelnyxRest
+) -> None:
+    env = {ENV_API_KEY: FAKE_API_KEY, ENV_API_BASE_URL: fake.base_url}
+    async with (
+        serve_gateway(gateway_config(echo_brain.url, env=env)) as gateway,
+        httpx.AsyncClient(base_url=gateway.url) as http,
+    ):
+        key = await tenant_key(http, "default")
+        refused = await http.post(
+            "/v1/calls",
+            json={"to": "+15559870000", "from": "+15551230000", "provider": "telnyx"},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+    assert refused.status_code == 409 and ENV_CONNECTION_ID in refused.text, refused.text
+    assert fake.requests == []

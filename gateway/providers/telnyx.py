@@ -19,8 +19,9 @@ TeXML); this module is the gateway adapter of the registry
 Hang-up and transfer go through Telnyx's Call Control API on the stream's
 ``call_control_id`` when ``TELNYX_API_KEY`` is set (``trunk/telnyx/call_control.py``);
 without it, ending the call closes the media socket (Telnyx then runs out of TeXML
-and hangs up) and there is no transfer. Outbound calls through Telnyx are not
-placed yet: the REST API does not offer ``provider: "telnyx"``.
+and hangs up) and there is no transfer. ``POST /v1/calls`` places Telnyx calls
+through the TeXML application ``TELNYX_CONNECTION_ID`` names: Telnyx fetches
+``/telnyx/voice?rutster_call=<id>`` once the callee answers.
 
 Settings (read from the gateway's environment, ``GatewayConfig.env``):
 ``TELNYX_PUBLIC_KEY`` (or ``TELNYX_PUBLIC_KEY_FILE``), the account's base64
@@ -33,6 +34,7 @@ unchecked only in dev mode, which the gateway warns about at startup.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -47,20 +49,26 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from rutster.base.env_values import ConfigError, read_secret
 from rutster.base.stream_token import PARAM_TOKEN
 from rutster.base.ws_close import CLOSE_NORMAL, MAX_CLOSE_REASON_CHARS
-from rutster.gateway.admission import Refused, admit_call, grant_stream
+from rutster.gateway.admission import (
+    REASON_UNKNOWN_PLACED_CALL,
+    Refused,
+    admit_call,
+    answered_placed_call,
+    grant_stream,
+)
 from rutster.gateway.call import Call
-from rutster.gateway.config import public_ws_url
+from rutster.gateway.config import public_http_url, public_ws_url
 from rutster.gateway.ingress_provider import (
     DialFailed,
     MediaLeg,
     ProviderCapabilities,
     StreamParams,
 )
-from rutster.gateway.media_session import StreamEnded
+from rutster.gateway.media_session import StreamEnded, release_if_never_connected
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.state import GatewayState
 from rutster.gateway.webhook_forms import read_form
-from rutster.protocols.call_control import ProviderCallControl
+from rutster.protocols.call_control import CallControlFailure, ProviderCallControl
 from rutster.protocols.ingress import IngressCommand, StreamStarted
 from rutster.spend.gate import AdmissionRequest
 from rutster.spend.store import CallRecord
@@ -95,6 +103,15 @@ MEDIA_PATH = "/telnyx/stream"
 ENV_PUBLIC_KEY = "TELNYX_PUBLIC_KEY"
 ENV_API_KEY = "TELNYX_API_KEY"
 ENV_API_BASE_URL = "TELNYX_API_BASE_URL"
+#: The TeXML application (its connection id) outbound calls are placed through.
+ENV_CONNECTION_ID = "TELNYX_CONNECTION_ID"
+#: Query parameter of the voice URL naming a call placed through ``POST /v1/calls``.
+QUERY_CALL = "rutster_call"
+#: How long a placed call may ring, then wait for its answer webhook, before it is
+#: cancelled and settled at zero. Seed decision: Twilio's adapter allows 30 s of ringing
+#: plus a minute (gateway/providers/twilio.py); the TeXML create call takes no ring
+#: timeout and no status callback, so this watch is what ends an unanswered call.
+PLACED_CALL_ANSWER_WAIT_S = 90.0
 #: TeXML webhook fields (Twilio-style names, docs/PROVIDERS.md §2.1): the call's Call
 #: Control id, which the stream's ``start.call_control_id`` repeats and the stream
 #: token binds; and who placed the call.
@@ -109,6 +126,8 @@ MAX_CALL_CONTROL_ID_CHARS = 128
 PARAM_TAP_URL = "tap_url"
 #: Query parameter of the voice URL selecting a brain for that number (allowlisted).
 QUERY_BRAIN = "brain"
+#: The ``direction`` parameter of a call the REST API placed (Twilio's ``Direction`` value).
+OUTBOUND_API = "outbound-api"
 #: What a refused caller hears with ``RUTSTER_REFUSAL_RESPONSE=say``.
 REFUSAL_SAY_TEXT = "Sorry, this call cannot be taken right now. Goodbye."
 #: Metrics labels of this provider's webhooks and stream.
@@ -124,6 +143,8 @@ class TelnyxSettings:
     #: Call Control API key (None: ``TELNYX_API_KEY`` unset, no REST call control).
     api_key: str | None = field(default=None, repr=False)
     api_base_url: str = TELNYX_API_BASE_URL
+    #: The TeXML application outbound calls use (None: ``TELNYX_CONNECTION_ID`` unset).
+    connection_id: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> TelnyxSettings:
@@ -138,7 +159,12 @@ class TelnyxSettings:
         parts = urlsplit(base)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(f"{ENV_API_BASE_URL} must be an http(s) URL, got {base!r}")
-        return cls(verifier=verifier, api_key=read_secret(env, ENV_API_KEY), api_base_url=base)
+        return cls(
+            verifier=verifier,
+            api_key=read_secret(env, ENV_API_KEY),
+            api_base_url=base,
+            connection_id=env.get(ENV_CONNECTION_ID, "").strip() or None,
+        )
 
 
 @dataclass
@@ -199,19 +225,33 @@ async def telnyx_voice(request: Request) -> Response:
             metrics.bad_messages.labels(SOURCE_WEBHOOK, "bad_party").inc()
             return PlainTextResponse(f"{party} holds a character XML cannot carry", 400)
     to = fields.get(FIELD_TO, "")
-    tap_url = (
-        request.query_params.get(QUERY_BRAIN) or config.tap_url_by_number.get(to) or config.tap_url
-    )
+    placed = request.query_params.get(QUERY_CALL)
+    if placed is not None:
+        found = await answered_placed_call(state, placed, call_control_id)
+        if isinstance(found, Refused):
+            if found.reason == REASON_UNKNOWN_PLACED_CALL:
+                metrics.bad_messages.labels(SOURCE_WEBHOOK, "unknown_placed_call").inc()
+            return _refusal(state)
+        context, tap_url = found
+    else:
+        tap_url = (
+            request.query_params.get(QUERY_BRAIN)
+            or config.tap_url_by_number.get(to)
+            or config.tap_url
+        )
     if not config.tap_allowlist.allows(tap_url):
         metrics.tap_url_rejections.inc()
         log.warning("Telnyx voice webhook refused: brain URL not on the allowlist")
         return PlainTextResponse("brain URL not allowed", 403)
-    admitted = await admit_call(state, _admission(state, call_control_id, fields, tap_url))
-    if isinstance(admitted, Refused):
-        return _refusal(state)
-    grant = grant_stream(state, admitted, stream_call_id=call_control_id, tap_url=tap_url)
+    if placed is None:
+        admitted = await admit_call(state, _admission(state, call_control_id, fields, tap_url))
+        if isinstance(admitted, Refused):
+            return _refusal(state)
+        context = admitted
+    grant = grant_stream(state, context, stream_call_id=call_control_id, tap_url=tap_url)
+    direction = OUTBOUND_API if placed is not None else fields.get(FIELD_DIRECTION, "inbound")
     parameters = {
-        PARAM_DIRECTION: fields.get(FIELD_DIRECTION, "inbound"),
+        PARAM_DIRECTION: direction,
         PARAM_TAP_URL: tap_url,
         PARAM_SPEND: grant.spend_text,
         PARAM_TOKEN: grant.token,
@@ -337,7 +377,7 @@ class TelnyxProvider:
         wire_format="PCMU 8 kHz (RTP payloads), base64 in JSON text frames; media may arrive "
         "out of order and is put back in order by chunk",
         dials_sip_uris=False,
-        outbound=False,
+        outbound=True,
     )
 
     def routes(self) -> Sequence[BaseRoute]:
@@ -381,14 +421,64 @@ class TelnyxProvider:
         return sniff_telnyx_stream(first_message)
 
     def outbound_unavailable(self, state: GatewayState) -> str | None:
-        """Always: placing Telnyx calls needs its REST API, not driven yet."""
-        return "outbound Telnyx calls are not supported yet (rutster answers Telnyx calls only)"
+        """Placing calls needs the API key and the TeXML application's connection id."""
+        kept = telnyx_state(state)
+        if kept.call_control is None or kept.settings.connection_id is None:
+            return (
+                f"outbound Telnyx calls need {ENV_API_KEY} and {ENV_CONNECTION_ID} on the gateway"
+            )
+        return None
 
     async def dial(
         self, state: GatewayState, context: SpendContext, *, to: str, from_: str, tap_url: str
     ) -> str:
-        """Never reached (:meth:`outbound_unavailable` always refuses)."""
-        raise DialFailed("outbound Telnyx calls are not supported yet")
+        """Place the call through the TeXML application; Telnyx fetches our voice URL
+        (``?rutster_call=``) once it is answered. Held while it rings; cancelled and
+        settled at zero if no answer comes within :data:`PLACED_CALL_ANSWER_WAIT_S`."""
+        kept = telnyx_state(state)
+        control, connection_id = kept.call_control, kept.settings.connection_id
+        if control is None or connection_id is None:
+            raise DialFailed("Telnyx call control is not configured")
+        query = urlencode({QUERY_CALL: context.call_id})
+        url = public_http_url(state.config.public_url, VOICE_PATH) + "?" + query
+        try:
+            call_control_id = await control.create_texml_call(
+                connection_id, to=to, from_=from_, url=url
+            )
+        except CallControlFailure as exc:
+            log.warning("call %s: Telnyx refused to place it (%s)", context.call_id, exc.reason)
+            raise DialFailed(f"Telnyx did not place the call ({exc.reason})") from None
+        give_up = functools.partial(_cancel_ringing, control, context.call_id, call_control_id)
+        state.watch_media_connect(
+            context.call_id,
+            release_if_never_connected(
+                state,
+                context.call_id,
+                PLACED_CALL_ANSWER_WAIT_S,
+                reason="no_answer",
+                give_up=give_up,
+            ),
+        )
+        return call_control_id
 
     async def cancel(self, state: GatewayState, record: CallRecord) -> None:
-        """Nothing to cancel: no Telnyx call is ever placed."""
+        """Hang up a placed call (ringing or answered); one already over is fine."""
+        control = telnyx_state(state).call_control
+        call_control_id = record["provider_call_id"]
+        if not call_control_id or control is None:
+            return
+        try:
+            await control.hang_up(call_control_id)
+        except CallControlFailure as exc:
+            if exc.reason != "already_ended":
+                raise
+
+
+async def _cancel_ringing(control: TelnyxCallControl, call_id: str, call_control_id: str) -> None:
+    """Best effort: hang up a placed call that never connected, so it cannot be
+    answered once its admission is released."""
+    try:
+        await control.hang_up(call_control_id)
+    except CallControlFailure as exc:
+        if exc.reason != "already_ended":
+            log.warning("call %s: could not cancel the unanswered call (%s)", call_id, exc.reason)

@@ -1,12 +1,19 @@
 """A FAKE Telnyx Call Control API, for tests (a test double, never shipped). It is not Telnyx.
 
-:class:`FakeTelnyxRest` serves ``POST /v2/calls/{call_control_id}/actions/{hangup,transfer}``
-on a loopback port, shaped as docs/PROVIDERS.md §2.1 and the Telnyx SDK describe
-them: Bearer authentication, JSON bodies, ``{"data": {"result": "ok"}}`` on
-success, ``422`` with ``{"errors": [{"code": "90018", ...}]}`` for a call that has
-already ended, ``401`` for a wrong key. Calls are registered by the test; a hang-up
-or transfer ends a registered call and sets its event, so a simulated Telnyx
-stream stops as Telnyx's would. Every request is recorded.
+:class:`FakeTelnyxRest` serves, on a loopback port, shaped as docs/PROVIDERS.md §2.1
+and the Telnyx SDK describe them:
+
+- ``POST /v2/calls/{call_control_id}/actions/{hangup,transfer}``: Bearer
+  authentication, JSON bodies, ``{"data": {"result": "ok"}}`` on success, ``422``
+  with ``{"errors": [{"code": "90018", ...}]}`` for a call that has already ended,
+  ``401`` for a wrong key;
+- ``POST /v2/texml/calls/{connection_id}``: place a TeXML call; the answer is a flat
+  call object whose ``call_sid`` is the call's ``call_control_id``, and
+  :attr:`FakeTelnyxRest.on_answer`, when set, plays the callee.
+
+Calls are registered by the test (or created); a hang-up or transfer ends one and
+sets its event, so a simulated Telnyx stream stops as Telnyx's would. Every
+request is recorded.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from rutster.tools.launcher import LOOPBACK, free_port
+from rutster.tools.telnyx_simulator import new_call_control_id
 
 #: The key the fake accepts.
 FAKE_API_KEY = "KEYfake0123456789"
@@ -47,6 +55,44 @@ class FakeTelnyxRest:
     calls: dict[str, asyncio.Event] = field(default_factory=dict)
     requests: list[RecordedRequest] = field(default_factory=list)
     base_url: str = ""
+    #: Plays the callee of a placed call: ``(call_control_id, Url, ended event)``.
+    on_answer: Callable[[str, str, asyncio.Event], Coroutine[Any, Any, object]] | None = None
+    _answers: set[asyncio.Task[object]] = field(default_factory=set)
+
+    async def _create(self, request: Request) -> Response:
+        body = await self._record(request)
+        if request.headers.get("authorization") != f"Bearer {FAKE_API_KEY}":
+            return JSONResponse({"errors": [{"code": "10009", "title": "Authentication"}]}, 401)
+        if not all(isinstance(body.get(k), str) and body[k] for k in ("From", "To", "Url")):
+            return JSONResponse({"errors": [{"code": "10015", "title": "Bad request"}]}, 422)
+        call_control_id = new_call_control_id()
+        ended = self.register_call(call_control_id)
+        if self.on_answer is not None:
+            task = asyncio.create_task(self.on_answer(call_control_id, body["Url"], ended))
+            self._answers.add(task)
+            task.add_done_callback(self._answers.discard)
+        return JSONResponse(
+            {
+                "call_sid": call_control_id,
+                "from": body["From"],
+                "to": body["To"],
+                "status": "queued",
+            }
+        )
+
+    async def _record(self, request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {"_unparsed": raw.decode("utf-8", "replace")}
+        body = body if isinstance(body, dict) else {}
+        self.requests.append(
+            RecordedRequest(
+                request.method, request.url.path, request.headers.get("authorization"), body
+            )
+        )
+        return body
 
     def register_call(self, call_control_id: str) -> asyncio.Event:
         """A live call; the event is set once a hang-up or transfer ends it here."""
@@ -55,21 +101,9 @@ class FakeTelnyxRest:
         return event
 
     async def _action(self, request: Request) -> Response:
-        raw = await request.body()
-        try:
-            body = json.loads(raw) if raw else {}
-        except ValueError:
-            body = {"_unparsed": raw.decode("utf-8", "replace")}
+        body = await self._record(request)
         call_id = request.path_params["call_control_id"]
         action = request.path_params["action"]
-        self.requests.append(
-            RecordedRequest(
-                request.method,
-                request.url.path,
-                request.headers.get("authorization"),
-                body if isinstance(body, dict) else {},
-            )
-        )
         if request.headers.get("authorization") != f"Bearer {FAKE_API_KEY}":
             return JSONResponse({"errors": [{"code": "10009", "title": "Authentication"}]}, 401)
         if action not in ("hangup", "transfer"):
@@ -89,7 +123,8 @@ class FakeTelnyxRest:
             routes=[
                 Route(
                     "/v2/calls/{call_control_id}/actions/{action}", self._action, methods=["POST"]
-                )
+                ),
+                Route("/v2/texml/calls/{connection_id}", self._create, methods=["POST"]),
             ]
         )
 
@@ -111,5 +146,7 @@ async def serve_fake_telnyx() -> AsyncIterator[FakeTelnyxRest]:
     try:
         yield fake
     finally:
+        for answer in list(fake._answers):
+            answer.cancel()
         server.should_exit = True
         await asyncio.wait_for(task, 10)

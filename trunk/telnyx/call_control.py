@@ -1,6 +1,12 @@
-"""Telnyx call control over its Call Control API v2: hang up or transfer a live call.
+"""Telnyx call control over its API v2: place a TeXML call, hang up or transfer a call.
 
-``POST {base}/calls/{call_control_id}/actions/hangup`` ends a call;
+``POST {base}/texml/calls/{connection_id}`` with ``From``, ``To`` and ``Url`` places
+an outbound call through a TeXML application: Telnyx dials ``To`` and, once
+answered, fetches TeXML from ``Url`` (our voice webhook); the answer is a flat call
+object whose ``call_sid`` is the new call's ``call_control_id`` (telnyx-python
+``resources/texml/calls.py`` ``create`` and ``types/texml/call_create_response.py``).
+``POST {base}/calls/{call_control_id}/actions/hangup`` ends a call, ringing or
+answered;
 ``POST {base}/calls/{call_control_id}/actions/transfer`` with ``{"to": ...}``
 connects the caller elsewhere (docs/PROVIDERS.md §2.1; paths and fields as the
 Telnyx SDK's ``calls.actions.hangup`` and ``calls.actions.transfer`` send them,
@@ -11,7 +17,8 @@ carries. A hang-up of a call that already ended answers 422 with error code
 
 Every failure is a :class:`TelnyxCallControlError` with a stable ``reason``
 (``already_ended``, ``auth_failed``, ``bad_call_id``, ``bad_destination``,
-``timeout``, ``network``, ``http_error``, ``closed``). The API key never appears
+``bad_request``, ``bad_config``, ``bad_response``, ``timeout``, ``network``,
+``http_error``, ``closed``). The API key never appears
 in a message, a log line or ``repr``.
 """
 
@@ -48,6 +55,9 @@ CALL_CONTROL_ID_PATTERN = re.compile(r"[A-Za-z0-9:_\-]{1,128}")
 #: characters a URI carries unescaped; the transfer allowlist has already passed it.
 _E164 = re.compile(r"\+[1-9][0-9]{1,14}")
 _SIP_URI = re.compile(r"sips?:[A-Za-z0-9\-_.!~*'()%&=+$,;?/:@\[\]]{1,256}")
+#: Longest answer URL sent. Seed decision (as Twilio's ``MAX_URL_CHARS``): the practical
+#: URL length limit of common HTTP stacks; ours are a host, a path and a call id.
+MAX_URL_CHARS = 2048
 #: Telnyx error code of a command on a call that has already ended (§2.1).
 CODE_ALREADY_ENDED = "90018"
 _AUTH_FAILED_STATUSES = frozenset({401, 403})
@@ -111,38 +121,63 @@ class TelnyxCallControl:
         await self._action(call_id, "transfer", {"to": destination})
         return CHANNEL_TRANSFERRING
 
+    async def create_texml_call(self, connection_id: str, *, to: str, from_: str, url: str) -> str:
+        """Place a call through the TeXML application ``connection_id``; Telnyx fetches
+        ``url`` (POST) once it is answered. Returns the call's ``call_control_id``."""
+        if not CALL_CONTROL_ID_PATTERN.fullmatch(connection_id):
+            raise TelnyxCallControlError("bad_config", "malformed TeXML connection id")
+        if not _E164.fullmatch(to) or not _E164.fullmatch(from_):
+            raise TelnyxCallControlError("bad_request", "to and from must be E.164 numbers")
+        if not url.startswith(("https://", "http://")) or len(url) > MAX_URL_CHARS:
+            raise TelnyxCallControlError("bad_request", "the answer URL is not http(s)")
+        body = {"From": from_, "To": to, "Url": url, "Method": "POST"}
+        response = await self._post(f"/texml/calls/{quote(connection_id, safe='')}", body, "dial")
+        try:
+            created = response.json()
+        except ValueError:
+            created = None
+        sid = created.get("call_sid") if isinstance(created, dict) else None
+        if not isinstance(sid, str) or not CALL_CONTROL_ID_PATTERN.fullmatch(sid):
+            raise TelnyxCallControlError(
+                "bad_response", "the created call has no call_sid", status_code=response.status_code
+            )
+        return sid
+
     async def _action(self, call_id: str, action: str, body: dict[str, str]) -> None:
-        if self._closed:
-            raise TelnyxCallControlError("closed", "the client was closed")
         if not CALL_CONTROL_ID_PATTERN.fullmatch(call_id):
             raise TelnyxCallControlError("bad_call_id", "malformed call_control_id")
-        url = f"{self._base}/calls/{quote(call_id, safe='')}/actions/{action}"
         # command_id: Telnyx ignores a repeat of the same command on the same call (§2.1),
         # so a retried request cannot act twice.
         payload = {**body, "command_id": secrets.token_hex(16)}
+        await self._post(f"/calls/{quote(call_id, safe='')}/actions/{action}", payload, action)
+
+    async def _post(self, path: str, payload: dict[str, str], what: str) -> httpx.Response:
+        if self._closed:
+            raise TelnyxCallControlError("closed", "the client was closed")
         try:
-            response = await self._client.post(url, json=payload)
+            response = await self._client.post(self._base + path, json=payload)
         except httpx.TimeoutException:
-            raise TelnyxCallControlError("timeout", f"{action} timed out") from None
+            raise TelnyxCallControlError("timeout", f"{what} timed out") from None
         except httpx.HTTPError as exc:
             raise TelnyxCallControlError(
-                "network", f"{action} failed: {type(exc).__name__}"
+                "network", f"{what} failed: {type(exc).__name__}"
             ) from None
         status = response.status_code
         if 200 <= status < 300:
-            return
+            return response
         if status in _AUTH_FAILED_STATUSES:
             raise TelnyxCallControlError(
                 "auth_failed", "Telnyx refused the API key", status_code=status
             )
-        if status == _HTTP_NOT_FOUND or (
-            status == _HTTP_UNPROCESSABLE and CODE_ALREADY_ENDED in _error_codes(response)
+        if what != "dial" and (
+            status == _HTTP_NOT_FOUND
+            or (status == _HTTP_UNPROCESSABLE and CODE_ALREADY_ENDED in _error_codes(response))
         ):
             raise TelnyxCallControlError(
                 "already_ended", "the call has already ended", status_code=status
             )
         raise TelnyxCallControlError(
-            "http_error", f"{action} answered HTTP {status}", status_code=status
+            "http_error", f"{what} answered HTTP {status}", status_code=status
         )
 
 
