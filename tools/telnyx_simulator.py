@@ -169,6 +169,17 @@ class TelnyxSimulator(TwilioSimulator):
             }
         )
 
+    def _dtmf_message(self, stream_sid: str, seq: int, digit: str) -> str:
+        return json.dumps(
+            {
+                "event": "dtmf",
+                "sequence_number": str(seq),
+                "stream_id": stream_sid,
+                "occurred_at": "2026-12-06T00:00:00.000000Z",
+                "dtmf": {"digit": digit},
+            }
+        )
+
     def _mark_message(self, stream_sid: str, name: str) -> str:
         return json.dumps({"event": "mark", "stream_id": stream_sid, "mark": {"name": name}})
 

@@ -27,7 +27,7 @@ import time
 import wave
 import weakref
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -492,6 +492,7 @@ class TwilioSimulator:
         provider_hangup: asyncio.Event | None = None,
         webhook_url: str | None = None,
         direction: str = DIRECTION_INBOUND,
+        dtmf: Sequence[tuple[float, str]] = (),
     ) -> SimulatedCallResult:
         """Run one whole call: stream ``caller_pcm`` (PCM16 8 kHz) and record the answer.
 
@@ -499,6 +500,8 @@ class TwilioSimulator:
         ``webhook_url`` replaces that URL and ``direction`` says whose call it is
         (see :meth:`post_voice_webhook`): an outbound call's callee is played with
         the call's ``Url`` and ``outbound-api``.
+        ``dtmf``: keypad digits the caller presses, each ``(seconds into the call,
+        digit)``, sent between media frames.
         ``provider_hangup``, once set (e.g. by the fake Twilio REST server when the
         gateway hangs up through the REST API), ends the call early the way Twilio
         does: the caller's media stops and a ``stop`` event follows.
@@ -526,9 +529,13 @@ class TwilioSimulator:
                 frames = [
                     mulaw[i : i + SIM_FRAME_BYTES] for i in range(0, len(mulaw), SIM_FRAME_BYTES)
                 ]
+                presses = sorted(dtmf)
                 for n, chunk in enumerate(frames):
                     if hangup.is_set():
                         break
+                    while presses and presses[0][0] * 1000.0 <= n * SIM_FRAME_MS:
+                        await ws.send(self._dtmf_message(stream_sid, seq, presses.pop(0)[1]))
+                        seq += 1
                     due = t0 + n * SIM_FRAME_MS / speed
                     delay = (due - time.monotonic() * 1000.0) / 1000.0
                     if delay > 0:
@@ -663,6 +670,17 @@ class TwilioSimulator:
 
     def _stop_message(self, stream_sid: str, seq: int, call_sid: str) -> str:
         return stop_message(stream_sid, seq, call_sid, self.account_sid)
+
+    def _dtmf_message(self, stream_sid: str, seq: int, digit: str) -> str:
+        """A keypad press (bidirectional streams send them, docs/PROVIDERS.md §1.3)."""
+        return json.dumps(
+            {
+                "event": "dtmf",
+                "sequenceNumber": str(seq),
+                "streamSid": stream_sid,
+                "dtmf": {"track": "inbound_track", "digit": digit},
+            }
+        )
 
     def _mark_message(self, stream_sid: str, name: str) -> str:
         """The mark echoed once the audio before it has played."""
