@@ -46,6 +46,40 @@ class StreamGrant:
     token: str
 
 
+#: Longest caller or called party kept on an admission (the call record's bound).
+MAX_PARTY_CHARS = 64
+
+
+def webhook_admission(
+    state: GatewayState,
+    *,
+    provider: str,
+    provider_call_id: str,
+    from_: str,
+    to: str,
+    direction: str,
+    tap_url: str,
+) -> AdmissionRequest:
+    """The admission request of a call that reached a provider's webhook without the
+    REST API placing it.
+
+    ``direction`` is the provider's (``inbound``, Twilio's ``outbound-api``/``-dial``,
+    Plivo's ``outbound``...): a call the operator placed outside our API is priced as
+    outbound and belongs to the tenant of the number it comes from.
+    """
+    outbound = direction.startswith("outbound")
+    own_number = from_ if outbound else to
+    return AdmissionRequest(
+        tenant=state.config.spend.tenant_for_number(own_number),
+        provider=provider,
+        direction="outbound" if outbound else "inbound",
+        caller=from_[:MAX_PARTY_CHARS],
+        to=to[:MAX_PARTY_CHARS],
+        brain=tap_url,
+        provider_call_id=provider_call_id,
+    )
+
+
 async def admit_call(state: GatewayState, request: AdmissionRequest) -> SpendContext | Refused:
     """Ask the spend gate; count and log the outcome. A degraded admission (Redis down,
     fail-open) is admitted with ``context.degraded`` set."""

@@ -118,6 +118,12 @@ TELNYX_OUTBOUND_MICROS_PER_MINUTE = (
 )
 #: Billing increment of that stand-in: per started minute, as Twilio's (seed decision).
 TELNYX_BILLING_INCREMENT_S = 60
+#: Plivo voice with audio streaming, per minute, each way: the same stand-in as Telnyx's
+#: (seed decision, not checked against Plivo's price list; the operator's price file
+#: gives their own).
+PLIVO_INBOUND_MICROS_PER_MINUTE = TELNYX_INBOUND_MICROS_PER_MINUTE
+PLIVO_OUTBOUND_MICROS_PER_MINUTE = TELNYX_OUTBOUND_MICROS_PER_MINUTE
+PLIVO_BILLING_INCREMENT_S = TELNYX_BILLING_INCREMENT_S
 #: Our SIP trunk, inbound, per minute (seed decision: the order of magnitude of Twilio
 #: Elastic SIP Trunking origination).
 SIP_INBOUND_MICROS_PER_MINUTE = 4_000
@@ -451,6 +457,12 @@ class PriceTable:
                 ),
                 ("telnyx", "outbound"): TelephonyRate(
                     TELNYX_OUTBOUND_MICROS_PER_MINUTE, TELNYX_BILLING_INCREMENT_S
+                ),
+                ("plivo", "inbound"): TelephonyRate(
+                    PLIVO_INBOUND_MICROS_PER_MINUTE, PLIVO_BILLING_INCREMENT_S
+                ),
+                ("plivo", "outbound"): TelephonyRate(
+                    PLIVO_OUTBOUND_MICROS_PER_MINUTE, PLIVO_BILLING_INCREMENT_S
                 ),
                 ("sip", "inbound"): TelephonyRate(
                     SIP_INBOUND_MICROS_PER_MINUTE, SIP_BILLING_INCREMENT_S

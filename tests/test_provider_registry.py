@@ -41,6 +41,7 @@ from rutster.gateway.provider_registry import (
     ProviderRegistry,
 )
 from rutster.gateway.providers import REGISTRY
+from rutster.gateway.providers.plivo import PlivoProvider
 from rutster.gateway.providers.sip import SipProvider
 from rutster.gateway.providers.telnyx import TelnyxProvider
 from rutster.gateway.providers.twilio import PARAM_TAP_URL, TwilioMediaLeg, TwilioProvider
@@ -90,12 +91,14 @@ def sip_start() -> str:
     )
 
 
-def test_the_registry_lists_twilio_sip_and_telnyx() -> None:
-    assert REGISTRY.names() == ("twilio", "sip", "telnyx")
+def test_the_registry_lists_every_provider() -> None:
+    assert REGISTRY.names() == ("twilio", "sip", "telnyx", "plivo")
+    # Plivo answers calls only: the REST API does not place calls through it yet.
     assert REGISTRY.outbound_names() == ("twilio", "sip", "telnyx")
     assert isinstance(REGISTRY.get("twilio"), TwilioProvider)
     assert isinstance(REGISTRY.get("sip"), SipProvider)
     assert isinstance(REGISTRY.get("telnyx"), TelnyxProvider)
+    assert isinstance(REGISTRY.get("plivo"), PlivoProvider)
     assert REGISTRY.get("vonage") is None
     # The REST API's provider enum is the registry's, not a list of its own.
     assert CREATE_CALL_SCHEMA["properties"]["provider"]["enum"] == list(OUTBOUND_PROVIDERS)
@@ -107,6 +110,12 @@ def test_the_registry_lists_twilio_sip_and_telnyx() -> None:
         (TWILIO_CONNECTED, "twilio"),
         (start_message("MZ" + "1" * 32, "CA" + "2" * 32, "AC" + "3" * 32, {}), "twilio"),
         (sip_start(), "sip"),
+        (
+            json.dumps(
+                {"event": "start", "start": {"callId": "c1", "streamId": "s1", "mediaFormat": {}}}
+            ),
+            "plivo",
+        ),
         # Telnyx's connected names a version and no protocol (Twilio's says "Call").
         (json.dumps({"event": "connected", "version": "1.0.0"}), "telnyx"),
         (json.dumps({"event": "media", "media": {"payload": ""}}), None),
@@ -164,11 +173,14 @@ def test_the_app_mounts_every_providers_routes_once() -> None:
         "/sip/stream",
         "/telnyx/voice",
         "/telnyx/stream",
+        "/plivo/answer",
+        "/plivo/stream",
         AUTODETECT_MEDIA_PATH,
     ):
         assert path in paths
     media = [r for r in app.routes if isinstance(r, WebSocketRoute) and r.name.endswith("_media")]
-    assert sorted(r.path for r in media) == ["/sip/stream", "/telnyx/stream", "/twilio/stream"]
+    expected = ["/plivo/stream", "/sip/stream", "/telnyx/stream", "/twilio/stream"]
+    assert sorted(r.path for r in media) == expected
 
 
 # ---- a provider added by one registry line ------------------------------------------------

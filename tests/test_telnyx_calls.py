@@ -8,10 +8,10 @@ gateway's ``TELNYX_PUBLIC_KEY``, and delivering media out of order as Telnyx may
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,18 +21,17 @@ from rutster.base.env_values import ConfigError
 from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.brains.echo import EchoBrain
 from rutster.gateway.call import Call
-from rutster.gateway.config import public_ws_url
 from rutster.gateway.media_socket import REASON_INVALID_TOKEN
 from rutster.gateway.provider_registry import AUTODETECT_MEDIA_PATH
 from rutster.gateway.providers.telnyx import ENV_PUBLIC_KEY, TelnyxSettings
-from rutster.media.g711 import ulaw_encode
 from rutster.protocols.tap import Dtmf
 from rutster.spend.store import CallRecord
+from rutster.tools.cli import _run_call
 from rutster.tools.launcher import LOOPBACK, free_port, realtime_brain_process
 from rutster.tools.realtime_mock_server import MockRealtimeServer
 from rutster.tools.telnyx_simulator import TelnyxSimulator, new_call_control_id
-from rutster.tools.twilio_simulator import BargeIn, BargeInCaller, StreamInstructions, new_sid
-from tests.conftest import RunningGateway, eventually, gateway_config, serve_gateway
+from rutster.tools.twilio_simulator import BargeIn, BargeInCaller, new_sid
+from tests.conftest import SPEECH_WAV, RunningGateway, eventually, gateway_config, serve_gateway
 from tests.echo_checks import assert_echo_intact
 from tests.realtime_echo import realtime_echo
 from tests.support.recording_brain import RecordingBrain
@@ -141,31 +140,20 @@ async def test_a_telnyx_stream_runs_on_the_one_media_url(
     telnyx_gateway: RunningGateway, speech_pcm: bytes
 ) -> None:
     gateway = telnyx_gateway
-    sim = simulator(gateway)
-    call_control_id = new_call_control_id()
-    told = await sim.open_stream(call_control_id, from_="+15550001111", to="+15550002222")
-    assert told.url.split("?")[0].endswith("/telnyx/stream")
-    # The operator points the stream at the one URL; the parameters ride in start.
-    one_url = StreamInstructions(public_ws_url(gateway.url, AUTODETECT_MEDIA_PATH), told.parameters)
-    async with await sim.connect_media(one_url) as ws:
-        stream_id = new_sid("ST")
-        await ws.send(sim._connected_message())
-        await ws.send(sim._start_message(stream_id, call_control_id, one_url))
-        mulaw = ulaw_encode(speech_pcm[: 2 * 8000 * 2])
-        for n in range(0, len(mulaw), 160):
-            await ws.send(
-                sim._media_message(stream_id, n, n // 160 + 1, n // 8, mulaw[n : n + 160])
-            )
-            await asyncio.sleep(0.02)
-        echoed = 0
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 3.0
-        while echoed < 25 and (left := deadline - loop.time()) > 0:
-            raw = await asyncio.wait_for(ws.recv(), left)
-            echoed += json.loads(raw).get("event") == "media"
-        assert echoed >= 25, "the echo did not come back on /media"
-        call = next(iter(gateway.state.calls.values()))
-        assert call.context.provider == "telnyx"
+    # The operator points the stream at the one URL; the parameters ride along.
+    placed = asyncio.create_task(
+        simulator(gateway).place_call(
+            speech_pcm[: 2 * 8000 * 2],
+            call_sid=new_call_control_id(),
+            media_path=AUTODETECT_MEDIA_PATH,
+            tail_s=0.8,
+        )
+    )
+    await eventually(lambda: len(gateway.state.calls) == 1 or placed.done())
+    call = next(iter(gateway.state.calls.values()))
+    result = await placed
+    assert call.context.provider == "telnyx"
+    assert result.media_received >= 50, "the echo did not come back on /media"
     await eventually(lambda: not gateway.state.calls)
 
 
@@ -186,16 +174,19 @@ async def test_a_secured_gateway_without_the_telnyx_key_refuses_telnyx_webhooks(
     assert not gateway.state.calls
 
 
-async def test_in_dev_mode_an_unsigned_telnyx_call_runs(
-    echo_brain: EchoBrain, speech_pcm: bytes
+@pytest.mark.parametrize("provider", ["telnyx", "plivo"])
+async def test_rutster_call_plays_each_provider_into_a_dev_mode_gateway(
+    echo_brain: EchoBrain, provider: str, tmp_path: Path
 ) -> None:
-    # No Twilio token and no Telnyx key: dev mode, as `rutster call --provider telnyx` meets it.
+    # No Twilio token and no provider key: dev mode, where `rutster call --provider` works.
     config = replace(gateway_config(echo_brain.url), twilio_auth_token=None)
     async with serve_gateway(config) as gateway:
-        result = await TelnyxSimulator(gateway.url).place_call(
-            speech_pcm[: 2 * 8000 * 2], call_sid=new_call_control_id(), tail_s=0.5
+        report = await _run_call(
+            gateway.url, SPEECH_WAV, tmp_path / "reply.wav", 1.0, 3.0, None, provider=provider
         )
-        assert result.media_received >= 50
+    assert int(str(report["media_received"])) >= 100  # 3 s of speech, echoed
+    assert float(str(report["correlation"])) > 0.9
+    assert (tmp_path / "reply.wav").exists()
 
 
 async def test_telnyx_dtmf_reaches_the_brain(speech_pcm: bytes) -> None:

@@ -213,6 +213,7 @@ async def _run_call(
     brain: str | None = None,
     provider: str = "twilio",
 ) -> dict[str, object]:
+    from rutster.tools.plivo_simulator import PlivoSimulator, new_call_uuid
     from rutster.tools.telnyx_simulator import TelnyxSimulator, new_call_control_id
     from rutster.tools.twilio_simulator import (
         TwilioSimulator,
@@ -228,9 +229,12 @@ async def _run_call(
     call_sid = None
     if provider == "telnyx":
         # Unsigned: only Telnyx holds the account's signing key, so this works against a
-        # gateway without TELNYX_PUBLIC_KEY (the suite covers signed webhooks).
+        # gateway in dev mode (the suite covers signed webhooks).
         simulator = TelnyxSimulator(gateway_url)
         call_sid = new_call_control_id()
+    elif provider == "plivo":
+        simulator = PlivoSimulator(gateway_url)  # unsigned, as above
+        call_sid = new_call_uuid()
     else:
         simulator = TwilioSimulator(gateway_url, auth_token=auth_token)
     started = time.monotonic()
@@ -556,9 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     call.add_argument(
         "--provider",
-        choices=("twilio", "telnyx"),
+        choices=("twilio", "telnyx", "plivo"),
         default="twilio",
-        help="whose webhook and media-stream wire to simulate (telnyx: unsigned webhooks)",
+        help="whose webhook and media-stream wire to simulate (telnyx, plivo: unsigned)",
     )
     call.set_defaults(func=cmd_call)
 

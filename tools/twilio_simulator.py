@@ -30,8 +30,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
-from urllib.parse import urlsplit
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import numpy as np
@@ -468,7 +468,7 @@ class TwilioSimulator:
             )
         if response.status_code != 200:
             raise RuntimeError(f"voice webhook answered {response.status_code}: {response.text}")
-        return parse_connect_stream(response.text)
+        return self._parse_answer(response.text)
 
     async def connect_media(self, instructions: StreamInstructions) -> ClientConnection:
         """Open the media WebSocket with a signed upgrade, as Twilio does."""
@@ -493,6 +493,7 @@ class TwilioSimulator:
         webhook_url: str | None = None,
         direction: str = DIRECTION_INBOUND,
         dtmf: Sequence[tuple[float, str]] = (),
+        media_path: str | None = None,
     ) -> SimulatedCallResult:
         """Run one whole call: stream ``caller_pcm`` (PCM16 8 kHz) and record the answer.
 
@@ -502,6 +503,8 @@ class TwilioSimulator:
         the call's ``Url`` and ``outbound-api``.
         ``dtmf``: keypad digits the caller presses, each ``(seconds into the call,
         digit)``, sent between media frames.
+        ``media_path``: stream to this path of the answer's stream URL instead (its
+        host and query kept): an operator who points the stream at the one ``/media``.
         ``provider_hangup``, once set (e.g. by the fake Twilio REST server when the
         gateway hangs up through the REST API), ends the call early the way Twilio
         does: the caller's media stops and a ``stop`` event follows.
@@ -517,6 +520,9 @@ class TwilioSimulator:
             webhook_url=webhook_url,
             direction=direction,
         )
+        if media_path is not None:
+            moved = urlsplit(instructions.url)._replace(path=media_path)
+            instructions = StreamInstructions(urlunsplit(moved), instructions.parameters)
         result = SimulatedCallResult(call_sid=call_sid, stream_sid=stream_sid)
         mulaw = ulaw_encode(caller_pcm)
         ws = await self.connect_media(instructions)
@@ -549,7 +555,9 @@ class TwilioSimulator:
                 if not hangup.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(hangup.wait(), tail_s)
-                await ws.send(self._stop_message(stream_sid, seq, call_sid))
+                stop = self._stop_message(stream_sid, seq, call_sid)
+                if stop is not None:
+                    await ws.send(stop)
                 await ws.close()
             except ConnectionClosed:
                 pass
@@ -573,7 +581,9 @@ class TwilioSimulator:
     ) -> tuple[float, _Playback, asyncio.Task[None]]:
         """Send ``connected`` and ``start``; return the call's clock origin (ms), its
         playback and the task reading what the gateway sends."""
-        await ws.send(self._connected_message())
+        connected = self._connected_message()
+        if connected is not None:
+            await ws.send(connected)
         await ws.send(self._start_message(stream_sid, call_sid, instructions))
         t0 = time.monotonic() * 1000.0
         playback = _Playback(t0)
@@ -639,7 +649,9 @@ class TwilioSimulator:
                     n += 1
                     result.frames_sent += 1
                 await self._flush_media(ws)
-                await ws.send(self._stop_message(stream_sid, seq, call_sid))
+                stop = self._stop_message(stream_sid, seq, call_sid)
+                if stop is not None:
+                    await ws.send(stop)
                 await ws.close()
             except ConnectionClosed:
                 pass
@@ -655,7 +667,28 @@ class TwilioSimulator:
 
     # ---- the provider's wire (a subclass for another provider overrides these) ----
 
-    def _connected_message(self) -> str:
+    #: Whether marks of audio a ``clear`` dropped come back (Twilio sends them, §1.4).
+    echoes_cleared_marks = True
+
+    def _parse_answer(self, document: str) -> StreamInstructions:
+        """The webhook's answer: where to stream, with which parameters."""
+        return parse_connect_stream(document)
+
+    def _parse_outgoing(self, message: dict[str, Any]) -> tuple[str, str]:
+        """A gateway message as ``("media", base64)``, ``("mark", name)``, ``("clear", "")``
+        or ``(other event, "")``."""
+        event = str(message.get("event"))
+        if event == "media":
+            return event, str(message["media"]["payload"])
+        if event == "mark":
+            return event, str(message["mark"]["name"])
+        return event, ""
+
+    def _after_clear(self, stream_sid: str) -> list[str]:
+        """What the provider sends when a ``clear`` has emptied its queue (Twilio: nothing)."""
+        return []
+
+    def _connected_message(self) -> str | None:
         return connected_message()
 
     def _start_message(
@@ -668,7 +701,7 @@ class TwilioSimulator:
     ) -> str:
         return media_message(stream_sid, seq, chunk, timestamp_ms, mulaw)
 
-    def _stop_message(self, stream_sid: str, seq: int, call_sid: str) -> str:
+    def _stop_message(self, stream_sid: str, seq: int, call_sid: str) -> str | None:
         return stop_message(stream_sid, seq, call_sid, self.account_sid)
 
     def _dtmf_message(self, stream_sid: str, seq: int, digit: str) -> str:
@@ -717,10 +750,9 @@ class TwilioSimulator:
         try:
             async for raw in ws:
                 now = time.monotonic() * 1000.0
-                message = json.loads(raw)
-                event = message.get("event")
+                event, value = self._parse_outgoing(json.loads(raw))
                 if event == "media":
-                    pcm = ulaw_decode(base64.b64decode(message["media"]["payload"]))
+                    pcm = ulaw_decode(base64.b64decode(value))
                     result.media_received += 1
                     duration = len(pcm) / 2 / SIM_SAMPLE_RATE * 1000.0
                     result.audio_ms_received += duration
@@ -730,7 +762,7 @@ class TwilioSimulator:
                     playback.add(now, pcm, result)
                 elif event == "mark":
                     result.marks_received += 1
-                    name = str(message["mark"]["name"])
+                    name = value
                     playback.pending_marks.append((playback.queue_end, name))
                     task = asyncio.create_task(echo_mark(name, playback.queue_end))
                     mark_tasks.add(task)
@@ -740,7 +772,10 @@ class TwilioSimulator:
                     result.clear_times_ms.append(now - playback.t0)
                     for task in list(mark_tasks):
                         task.cancel()
-                    for name in playback.clear(now):
+                    cleared = playback.clear(now)
+                    for reply in self._after_clear(stream_sid):
+                        await ws.send(reply)
+                    for name in cleared if self.echoes_cleared_marks else ():
                         task = asyncio.create_task(echo_mark(name, now))
                         mark_tasks.add(task)
                         task.add_done_callback(mark_tasks.discard)

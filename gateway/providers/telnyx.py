@@ -33,7 +33,6 @@ unchecked only in dev mode, which the gateway warns about at startup.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
@@ -44,17 +43,17 @@ from urllib.parse import urlencode, urlsplit
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from rutster.base.env_values import ConfigError, read_secret
 from rutster.base.stream_token import PARAM_TOKEN
-from rutster.base.ws_close import CLOSE_NORMAL, MAX_CLOSE_REASON_CHARS
 from rutster.gateway.admission import (
     REASON_UNKNOWN_PLACED_CALL,
     Refused,
     admit_call,
     answered_placed_call,
     grant_stream,
+    webhook_admission,
 )
 from rutster.gateway.call import Call
 from rutster.gateway.config import public_http_url, public_ws_url
@@ -67,10 +66,10 @@ from rutster.gateway.ingress_provider import (
 from rutster.gateway.media_session import StreamEnded, release_if_never_connected
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.state import GatewayState
+from rutster.gateway.text_stream_edge import TextStreamEdge
 from rutster.gateway.webhook_forms import read_form
 from rutster.protocols.call_control import CallControlFailure, ProviderCallControl
-from rutster.protocols.ingress import IngressCommand, StreamStarted
-from rutster.spend.gate import AdmissionRequest
+from rutster.protocols.ingress import StreamStarted
 from rutster.spend.store import CallRecord
 from rutster.trunk.telnyx.call_control import TELNYX_API_BASE_URL, TelnyxCallControl
 from rutster.trunk.telnyx.codec import (
@@ -244,7 +243,16 @@ async def telnyx_voice(request: Request) -> Response:
         log.warning("Telnyx voice webhook refused: brain URL not on the allowlist")
         return PlainTextResponse("brain URL not allowed", 403)
     if placed is None:
-        admitted = await admit_call(state, _admission(state, call_control_id, fields, tap_url))
+        wanted = webhook_admission(
+            state,
+            provider=PROVIDER,
+            provider_call_id=call_control_id,
+            from_=fields.get(FIELD_FROM, ""),
+            to=to,
+            direction=fields.get(FIELD_DIRECTION, ""),
+            tap_url=tap_url,
+        )
+        admitted = await admit_call(state, wanted)
         if isinstance(admitted, Refused):
             return _refusal(state)
         context = admitted
@@ -260,22 +268,6 @@ async def telnyx_voice(request: Request) -> Response:
     return Response(texml, media_type="text/xml")
 
 
-def _admission(
-    state: GatewayState, call_control_id: str, fields: dict[str, str], tap_url: str
-) -> AdmissionRequest:
-    direction = "outbound" if fields.get(FIELD_DIRECTION, "").startswith("outbound") else "inbound"
-    own_number = fields.get(FIELD_FROM, "") if direction == "outbound" else fields.get(FIELD_TO, "")
-    return AdmissionRequest(
-        tenant=state.config.spend.tenant_for_number(own_number),
-        provider=PROVIDER,
-        direction=direction,
-        caller=fields.get(FIELD_FROM, "")[:64],
-        to=fields.get(FIELD_TO, "")[:64],
-        brain=tap_url,
-        provider_call_id=call_control_id,
-    )
-
-
 def _refusal(state: GatewayState) -> Response:
     kind = state.config.spend.refusal_response
     if kind == "say":
@@ -283,32 +275,6 @@ def _refusal(state: GatewayState) -> Response:
     else:
         texml = reject_texml("busy" if kind == "busy" else "rejected")
     return Response(texml, media_type="text/xml")
-
-
-class TelnyxEdge:
-    """Sends core commands to Telnyx over the media socket (the ``CallEdge`` for Telnyx)."""
-
-    def __init__(self, websocket: WebSocket, codec: TelnyxStreamCodec) -> None:
-        self._ws = websocket
-        self._codec = codec
-        self.closed = False
-
-    async def send(self, command: IngressCommand) -> None:
-        """Encode and send; a socket that is already gone makes this a no-op."""
-        if self.closed:
-            return
-        try:
-            await self._ws.send_text(self._codec.encode(command))
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            self.closed = True
-
-    async def close(self, reason: str) -> None:
-        """Close the media socket: Telnyx runs out of TeXML and the call ends."""
-        if self.closed:
-            return
-        self.closed = True
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-            await self._ws.close(CLOSE_NORMAL, reason[:MAX_CLOSE_REASON_CHARS])
 
 
 class TelnyxMediaLeg:
@@ -319,12 +285,12 @@ class TelnyxMediaLeg:
 
     def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
         self._codec = TelnyxStreamCodec(url_parameters=dict(websocket.query_params))
-        self._edge = TelnyxEdge(websocket, self._codec)
+        self._edge = TextStreamEdge(websocket, self._codec.encode)
         self._metrics = state.metrics
         self._call_control = telnyx_state(state).call_control
 
     @property
-    def edge(self) -> TelnyxEdge:
+    def edge(self) -> TextStreamEdge:
         """Encodes commands as Telnyx ``media``/``mark``/``clear`` messages."""
         return self._edge
 

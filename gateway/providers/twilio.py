@@ -20,7 +20,6 @@ REST call control); this module is the gateway adapter of the registry
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import re
@@ -30,15 +29,15 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
-from rutster.base.ws_close import CLOSE_NORMAL, MAX_CLOSE_REASON_CHARS
 from rutster.gateway.admission import (
     REASON_UNKNOWN_PLACED_CALL,
     Refused,
     admit_call,
     answered_placed_call,
     grant_stream,
+    webhook_admission,
 )
 from rutster.gateway.call import Call
 from rutster.gateway.config import public_http_url, public_ws_url
@@ -51,10 +50,10 @@ from rutster.gateway.ingress_provider import (
 from rutster.gateway.media_session import StreamEnded, release_if_never_connected
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.state import GatewayState
+from rutster.gateway.text_stream_edge import TextStreamEdge
 from rutster.gateway.webhook_forms import read_form
 from rutster.protocols.call_control import CallControlFailure, ProviderCallControl
-from rutster.protocols.ingress import IngressCommand, StreamStarted
-from rutster.spend.gate import AdmissionRequest
+from rutster.protocols.ingress import StreamStarted
 from rutster.spend.store import CallRecord, StoreUnavailable
 from rutster.trunk.twilio.call_control import TwilioCallControl
 from rutster.trunk.twilio.codec import (
@@ -174,7 +173,16 @@ async def twilio_voice(request: Request) -> Response:
         log.warning("voice webhook refused: brain URL not on the allowlist")
         return PlainTextResponse("brain URL not allowed", 403)
     if placed is None:
-        admitted = await admit_call(state, _inbound_request(state, call_sid, fields, tap_url))
+        wanted = webhook_admission(
+            state,
+            provider=PROVIDER,
+            provider_call_id=call_sid,
+            from_=fields.get("From", ""),
+            to=to,
+            direction=fields.get("Direction", ""),
+            tap_url=tap_url,
+        )
+        admitted = await admit_call(state, wanted)
         if isinstance(admitted, Refused):
             return _refusal_twiml(state)
         context = admitted
@@ -200,28 +208,6 @@ def _refusal_twiml(state: GatewayState) -> Response:
     else:
         twiml = reject_twiml("busy" if kind == "busy" else "rejected")
     return Response(twiml, media_type="text/xml")
-
-
-def _inbound_request(
-    state: GatewayState, call_sid: str, fields: dict[str, str], tap_url: str
-) -> AdmissionRequest:
-    """The admission request of a call that reached our webhook without the API placing it.
-
-    A call the operator placed outside our API (Direction=outbound-api/-dial) is
-    priced as outbound and belongs to the tenant of the number it comes from.
-    """
-    to = fields.get("To", "")
-    direction = "outbound" if fields.get("Direction", "").startswith("outbound") else "inbound"
-    own_number = fields.get("From", "") if direction == "outbound" else to
-    return AdmissionRequest(
-        tenant=state.config.spend.tenant_for_number(own_number),
-        provider=PROVIDER,
-        direction=direction,
-        caller=fields.get("From", "")[:64],
-        to=to[:64],
-        brain=tap_url,
-        provider_call_id=call_sid,
-    )
 
 
 async def twilio_status(request: Request) -> Response:
@@ -261,32 +247,6 @@ async def twilio_status(request: Request) -> Response:
     return Response(status_code=204)
 
 
-class TwilioEdge:
-    """Sends core commands to Twilio over the media socket (the ``CallEdge`` for Twilio)."""
-
-    def __init__(self, websocket: WebSocket, codec: TwilioStreamCodec) -> None:
-        self._ws = websocket
-        self._codec = codec
-        self.closed = False
-
-    async def send(self, command: IngressCommand) -> None:
-        """Encode and send; a socket that is already gone makes this a no-op."""
-        if self.closed:
-            return
-        try:
-            await self._ws.send_text(self._codec.encode(command))
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            self.closed = True
-
-    async def close(self, reason: str) -> None:
-        """Close the media socket; Twilio then continues the TwiML (none: the call ends)."""
-        if self.closed:
-            return
-        self.closed = True
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-            await self._ws.close(CLOSE_NORMAL, reason[:MAX_CLOSE_REASON_CHARS])
-
-
 class TwilioMediaLeg:
     """One ``/twilio/stream`` socket: text frames only, no provider messages beyond
     the ingress events, call control through Twilio's REST API when configured."""
@@ -295,11 +255,11 @@ class TwilioMediaLeg:
 
     def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
         self._codec = TwilioStreamCodec()
-        self._edge = TwilioEdge(websocket, self._codec)
+        self._edge = TextStreamEdge(websocket, self._codec.encode)
         self._call_control = state.twilio_call_control
 
     @property
-    def edge(self) -> TwilioEdge:
+    def edge(self) -> TextStreamEdge:
         """Encodes commands as Twilio ``media``/``mark``/``clear`` messages."""
         return self._edge
 

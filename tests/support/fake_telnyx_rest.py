@@ -25,14 +25,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from rutster.tools.launcher import LOOPBACK, free_port
 from rutster.tools.telnyx_simulator import new_call_control_id
+from tests.support.loopback_app import serve_on_loopback
 
 #: The key the fake accepts.
 FAKE_API_KEY = "KEYfake0123456789"
@@ -133,20 +132,10 @@ class FakeTelnyxRest:
 async def serve_fake_telnyx() -> AsyncIterator[FakeTelnyxRest]:
     """Run a :class:`FakeTelnyxRest` on a free loopback port until the block exits."""
     fake = FakeTelnyxRest()
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(fake.app(), host=LOOPBACK, port=port, log_level="warning", lifespan="off")
-    )
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    fake.base_url = f"http://{LOOPBACK}:{port}/v2"
-    try:
-        yield fake
-    finally:
-        for answer in list(fake._answers):
-            answer.cancel()
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
+    async with serve_on_loopback(fake.app()) as base_url:
+        fake.base_url = base_url + "/v2"
+        try:
+            yield fake
+        finally:
+            for answer in list(fake._answers):
+                answer.cancel()

@@ -34,7 +34,6 @@ dropped), and the fatal ``bad_start``, ``unsupported_media_format``,
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -59,6 +58,16 @@ from rutster.protocols.ingress import (
     StreamStopped,
     UnknownIngressEvent,
 )
+from rutster.trunk.json_stream import (
+    MAX_LABEL_CHARS,
+    bad_start,
+    label,
+    number,
+    object_field,
+    parse_frame,
+    payload,
+    string_field,
+)
 
 __all__ = [
     "MAX_MEDIA_PAYLOAD_BYTES",
@@ -81,8 +90,6 @@ MAX_MEDIA_PAYLOAD_BYTES = 64 * 1024
 #: Largest text frame accepted: a 64 KiB payload in base64 is 87,384 chars, plus the
 #: envelope. Checked before parsing.
 MAX_MESSAGE_CHARS = 96 * 1024
-#: Longest peer-supplied name passed on to logs and metric labels.
-MAX_LABEL_CHARS = 64
 #: Media frames held while a gap in ``media.chunk`` waits to fill: 5 frames, 100 ms of
 #: 20 ms frames. Seed decision: reordering on the path is a few frames deep; waiting
 #: longer would delay every frame behind a lost one by as much.
@@ -159,39 +166,19 @@ class TelnyxStreamCodec:
         Raises :class:`IngressProtocolError` for a frame that breaks the protocol
         and :class:`UnknownIngressEvent` for a well-formed frame of an unknown type.
         """
-        if len(text) > MAX_MESSAGE_CHARS:
-            raise IngressProtocolError(
-                "too_large", f"text frame of {len(text)} chars exceeds {MAX_MESSAGE_CHARS}"
-            )
-        try:
-            message = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise IngressProtocolError(
-                "malformed_json", f"invalid JSON at position {exc.pos}: {exc.msg}"
-            ) from None
-        except (ValueError, RecursionError):
-            raise IngressProtocolError("malformed_json", "JSON the parser refuses") from None
-        if not isinstance(message, dict):
-            raise IngressProtocolError(
-                "not_an_object", f"expected a JSON object, got {type(message).__name__}"
-            )
-        event = message.get("event")
-        if event is None:
-            raise IngressProtocolError("missing_event", "message has no 'event' field")
-        if not isinstance(event, str):
-            raise IngressProtocolError("bad_field", "'event' is not a string")
+        message, event = parse_frame(text, MAX_MESSAGE_CHARS)
         if self._stopped:
-            raise IngressProtocolError("message_after_stop", f"{_label(event)!r} after stop")
+            raise IngressProtocolError("message_after_stop", f"{label(event)!r} after stop")
         if event == "media":
             return self._media(message)
         if event == "mark":
             self._require_started(event)
-            return MarkPlayed(name=_field(_object(message, "mark"), "name", "mark"))
+            return MarkPlayed(name=string_field(object_field(message, "mark"), "name", "mark"))
         if event == "dtmf":
             self._require_started(event)
-            digit = _field(_object(message, "dtmf"), "digit", "dtmf")
+            digit = string_field(object_field(message, "dtmf"), "digit", "dtmf")
             if digit not in DTMF_DIGITS:
-                raise IngressProtocolError("bad_field", f"dtmf.digit {_label(digit)!r} is no key")
+                raise IngressProtocolError("bad_field", f"dtmf.digit {label(digit)!r} is no key")
             return DtmfReceived(digit=digit)
         if event == "start":
             return self._start(message)
@@ -200,36 +187,25 @@ class TelnyxStreamCodec:
             return StreamStopped(reason="stop")
         if event == "connected":
             version = message.get("version", "")
-            return StreamConnected(protocol=f"telnyx/{_label(version)}")
+            return StreamConnected(protocol=f"telnyx/{label(version)}")
         if event == "error":
             payload = message.get("payload")
             details = payload if isinstance(payload, dict) else {}
             return TelnyxStreamError(
-                code=_label(details.get("code", "")), title=_label(details.get("title", ""))
+                code=label(details.get("code", "")), title=label(details.get("title", ""))
             )
-        raise UnknownIngressEvent(_label(event))
+        raise UnknownIngressEvent(label(event))
 
     def _media(self, message: dict[str, Any]) -> AudioReceived | FrameHeld:
         if not self._started:
             raise IngressProtocolError("media_before_start", "media before start")
-        media = _object(message, "media")
+        media = object_field(message, "media")
         track = media.get("track", _INBOUND_TRACK)
         if track != _INBOUND_TRACK:
-            raise IngressProtocolError("unexpected_track", f"media on track {_label(track)!r}")
-        payload = media.get("payload")
-        if not isinstance(payload, str):
-            raise IngressProtocolError("bad_field", "media.payload is missing or not a string")
-        try:
-            audio = base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise IngressProtocolError("bad_base64", "media.payload is not valid base64") from None
-        if len(audio) > MAX_MEDIA_PAYLOAD_BYTES:
-            raise IngressProtocolError(
-                "payload_too_large",
-                f"media payload of {len(audio)} bytes exceeds {MAX_MEDIA_PAYLOAD_BYTES}",
-            )
-        timestamp = _number(media.get("timestamp"), "media.timestamp")
-        chunk = _number(media.get("chunk"), "media.chunk")
+            raise IngressProtocolError("unexpected_track", f"media on track {label(track)!r}")
+        audio = payload(media, MAX_MEDIA_PAYLOAD_BYTES)
+        timestamp = number(media.get("timestamp"), "media.timestamp")
+        chunk = number(media.get("chunk"), "media.chunk")
         if chunk is None:
             return AudioReceived(payload=audio, timestamp_ms=timestamp)  # nothing to order by
         return self._in_order(chunk, audio, timestamp)
@@ -273,13 +249,13 @@ class TelnyxStreamCodec:
             raise IngressProtocolError("duplicate_start", "second start message", fatal=True)
         start = message.get("start")
         if not isinstance(start, dict):
-            raise _bad_start("'start' is missing or not an object")
+            raise bad_start("'start' is missing or not an object")
         stream_id = message.get("stream_id")
         if not isinstance(stream_id, str) or not stream_id:
-            raise _bad_start("stream_id is missing or not a string")
+            raise bad_start("stream_id is missing or not a string")
         call_control_id = start.get("call_control_id")
         if not isinstance(call_control_id, str) or not call_control_id:
-            raise _bad_start("start.call_control_id is missing or not a string")
+            raise bad_start("start.call_control_id is missing or not a string")
         _check_media_format(start.get("media_format"))
         parameters = dict(self._url_parameters)
         parameters.update(_custom_parameters(start))
@@ -365,18 +341,18 @@ def _custom_parameters(start: dict[str, Any]) -> dict[str, str]:
         pairs = []
         for entry in raw:
             if not isinstance(entry, dict):
-                raise _bad_start("a custom parameter is not an object")
+                raise bad_start("a custom parameter is not an object")
             pairs.append((entry.get("name"), entry.get("value")))
     else:
-        raise _bad_start("start.custom_parameters is neither an object nor a list")
+        raise bad_start("start.custom_parameters is neither an object nor a list")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
-        raise _bad_start("a custom parameter's name or value is not a string")
+        raise bad_start("a custom parameter's name or value is not a string")
     return dict(pairs)
 
 
 def _check_media_format(media_format: object) -> None:
     if not isinstance(media_format, dict):
-        raise _bad_start("start.media_format is missing or not an object")
+        raise bad_start("start.media_format is missing or not an object")
     encoding = media_format.get("encoding")
     rate = media_format.get("sample_rate")
     channels = media_format.get("channels", 1)
@@ -389,50 +365,12 @@ def _check_media_format(media_format: object) -> None:
     ):
         raise IngressProtocolError(
             "unsupported_media_format",
-            f"media format {_label(encoding)!r}/{_label(rate)!r}/{_label(channels)!r} is not "
+            f"media format {label(encoding)!r}/{label(rate)!r}/{label(channels)!r} is not "
             f"PCMU/{TELNYX_PCMU_8K.sample_rate}/{TELNYX_PCMU_8K.channels}, which the "
             "<Stream> asks for (codec and bidirectionalCodec PCMU)",
             fatal=True,
         )
 
 
-def _object(message: dict[str, Any], key: str) -> dict[str, Any]:
-    value = message.get(key)
-    if not isinstance(value, dict):
-        raise IngressProtocolError("bad_field", f"{key!r} is missing or not an object")
-    return value
-
-
-def _field(container: dict[str, Any], key: str, where: str) -> str:
-    value = container.get(key)
-    if not isinstance(value, str):
-        raise IngressProtocolError("bad_field", f"{where}.{key} is missing or not a string")
-    return value
-
-
 def _optional_text(value: object) -> str:
     return value[:MAX_LABEL_CHARS] if isinstance(value, str) else ""
-
-
-def _number(value: object, where: str) -> int | None:
-    """A non-negative integer Telnyx sends as a decimal string (or a number); None if absent."""
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
-        return int(value)
-    raise IngressProtocolError("bad_field", f"{where} is not a non-negative integer")
-
-
-def _bad_start(message: str) -> IngressProtocolError:
-    return IngressProtocolError("bad_start", message, fatal=True)
-
-
-def _label(value: object) -> str:
-    """A peer-supplied value, shortened for logs and metric labels."""
-    if isinstance(value, str):
-        return value[:MAX_LABEL_CHARS]
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)[:MAX_LABEL_CHARS]
-    return type(value).__name__

@@ -18,7 +18,6 @@ Error messages never include audio payloads or raw frames.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from typing import Any, assert_never
 
@@ -42,6 +41,16 @@ from rutster.protocols.ingress import (
     StreamStopped,
     UnknownIngressEvent,
 )
+from rutster.trunk.json_stream import (
+    MAX_LABEL_CHARS,
+    bad_start,
+    label,
+    number,
+    object_field,
+    parse_frame,
+    payload,
+    string_field,
+)
 
 __all__ = [
     "MAX_EVENT_NAME_CHARS",
@@ -62,7 +71,7 @@ MAX_MEDIA_PAYLOAD_BYTES = 64 * 1024
 #: is headroom for the JSON envelope (ids, sequence numbers). Checked before parsing.
 MAX_MESSAGE_CHARS = 96 * 1024
 #: Longest event name passed on in ``UnknownIngressEvent``; it ends up in logs and metrics.
-MAX_EVENT_NAME_CHARS = 64
+MAX_EVENT_NAME_CHARS = MAX_LABEL_CHARS
 
 #: ``CallContext.provider`` for Twilio calls.
 PROVIDER = "twilio"
@@ -126,37 +135,16 @@ class TwilioStreamCodec:
         Raises :class:`IngressProtocolError` for a frame that breaks the protocol
         and :class:`UnknownIngressEvent` for a well-formed frame of an unknown type.
         """
-        if len(text) > MAX_MESSAGE_CHARS:
-            raise IngressProtocolError(
-                "too_large", f"text frame of {len(text)} chars exceeds {MAX_MESSAGE_CHARS}"
-            )
-        try:
-            message = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise IngressProtocolError(
-                "malformed_json", f"invalid JSON at position {exc.pos}: {exc.msg}"
-            ) from None
-        except (ValueError, RecursionError):
-            # Integers over the int-string digit limit, nesting deeper than the parser's stack.
-            raise IngressProtocolError("malformed_json", "JSON the parser refuses") from None
-        if not isinstance(message, dict):
-            raise IngressProtocolError(
-                "not_an_object", f"expected a JSON object, got {type(message).__name__}"
-            )
-        event = message.get("event")
-        if event is None:
-            raise IngressProtocolError("missing_event", "message has no 'event' field")
-        if not isinstance(event, str):
-            raise IngressProtocolError("bad_field", "'event' is not a string")
+        message, event = parse_frame(text, MAX_MESSAGE_CHARS)
         if self._stopped:
-            raise IngressProtocolError("message_after_stop", f"{_label(event)!r} after stop")
+            raise IngressProtocolError("message_after_stop", f"{label(event)!r} after stop")
 
         # Ordered by frequency: ~50 media frames a second, everything else is rare.
         if event == "media":
             return self._media(message)
         if event == "mark":
             self._require_started(event)
-            return MarkPlayed(name=_field(_object(message, "mark"), "name", "mark"))
+            return MarkPlayed(name=string_field(object_field(message, "mark"), "name", "mark"))
         if event == "dtmf":
             self._require_started(event)
             return self._dtmf(message)
@@ -166,35 +154,26 @@ class TwilioStreamCodec:
             self._stopped = True
             return StreamStopped(reason="stop")
         if event == "connected":
-            return StreamConnected(protocol=_field(message, "protocol", "connected"))
-        raise UnknownIngressEvent(_label(event))
+            return StreamConnected(protocol=string_field(message, "protocol", "connected"))
+        raise UnknownIngressEvent(label(event))
 
     def _media(self, message: dict[str, Any]) -> AudioReceived:
         if not self._started:
             raise IngressProtocolError("media_before_start", "media before start")
-        media = _object(message, "media")
+        media = object_field(message, "media")
         track = media.get("track", _INBOUND_TRACK)
         if track != _INBOUND_TRACK:
             # Only caller audio is expected on a <Connect> stream (inbound_track only, error 31941).
-            raise IngressProtocolError("unexpected_track", f"media on track {_label(track)!r}")
-        payload = media.get("payload")
-        if not isinstance(payload, str):
-            raise IngressProtocolError("bad_field", "media.payload is missing or not a string")
-        try:
-            audio = base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):  # ValueError: non-ASCII text
-            raise IngressProtocolError("bad_base64", "media.payload is not valid base64") from None
-        if len(audio) > MAX_MEDIA_PAYLOAD_BYTES:
-            raise IngressProtocolError(
-                "payload_too_large",
-                f"media payload of {len(audio)} bytes exceeds {MAX_MEDIA_PAYLOAD_BYTES}",
-            )
-        return AudioReceived(payload=audio, timestamp_ms=_timestamp(media.get("timestamp")))
+            raise IngressProtocolError("unexpected_track", f"media on track {label(track)!r}")
+        audio = payload(media, MAX_MEDIA_PAYLOAD_BYTES)
+        return AudioReceived(
+            payload=audio, timestamp_ms=number(media.get("timestamp"), "media.timestamp")
+        )
 
     def _dtmf(self, message: dict[str, Any]) -> DtmfReceived:
-        digit = _field(_object(message, "dtmf"), "digit", "dtmf")
+        digit = string_field(object_field(message, "dtmf"), "digit", "dtmf")
         if digit not in DTMF_DIGITS:
-            raise IngressProtocolError("bad_field", f"dtmf.digit {_label(digit)!r} is not a key")
+            raise IngressProtocolError("bad_field", f"dtmf.digit {label(digit)!r} is not a key")
         return DtmfReceived(digit=digit)
 
     def _start(self, message: dict[str, Any]) -> StreamStarted:
@@ -202,22 +181,22 @@ class TwilioStreamCodec:
             raise IngressProtocolError("duplicate_start", "second start message", fatal=True)
         start = message.get("start")
         if not isinstance(start, dict):
-            raise _bad_start("'start' is missing or not an object")
+            raise bad_start("'start' is missing or not an object")
         call_sid = start.get("callSid")
         if not isinstance(call_sid, str) or not call_sid:
-            raise _bad_start("start.callSid is missing or not a string")
+            raise bad_start("start.callSid is missing or not a string")
         stream_sid = start.get("streamSid", message.get("streamSid"))
         if not isinstance(stream_sid, str) or not stream_sid:
-            raise _bad_start("start.streamSid is missing or not a string")
+            raise bad_start("start.streamSid is missing or not a string")
         outer_sid = message.get("streamSid", stream_sid)
         if outer_sid != stream_sid:
-            raise _bad_start("streamSid differs from start.streamSid")
+            raise bad_start("streamSid differs from start.streamSid")
         _check_media_format(start.get("mediaFormat"))
         parameters = start.get("customParameters", {})
         if not isinstance(parameters, dict):
-            raise _bad_start("start.customParameters is not an object")
+            raise bad_start("start.customParameters is not an object")
         if not all(isinstance(value, str) for value in parameters.values()):
-            raise _bad_start("start.customParameters has a non-string value")
+            raise bad_start("start.customParameters has a non-string value")
 
         direction = (
             CallDirection.OUTBOUND
@@ -296,38 +275,9 @@ def sniff_twilio_stream(first_message: str | bytes) -> bool:
     )
 
 
-def _object(message: dict[str, Any], key: str) -> dict[str, Any]:
-    value = message.get(key)
-    if not isinstance(value, dict):
-        raise IngressProtocolError("bad_field", f"{key!r} is missing or not an object")
-    return value
-
-
-def _field(container: dict[str, Any], key: str, where: str) -> str:
-    value = container.get(key)
-    if not isinstance(value, str):
-        raise IngressProtocolError("bad_field", f"{where}.{key} is missing or not a string")
-    return value
-
-
-def _timestamp(value: object) -> int | None:
-    """Twilio's ``media.timestamp``: ms since stream start, sent as a decimal string."""
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    # isascii+isdigit: int() would also take "+5", " 5", "5_0" and non-ASCII digits.
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        try:
-            return int(value)
-        except ValueError:  # beyond the int-string digit limit
-            pass
-    raise IngressProtocolError("bad_field", "media.timestamp is not a non-negative integer")
-
-
 def _check_media_format(media_format: object) -> None:
     if not isinstance(media_format, dict):
-        raise _bad_start("start.mediaFormat is missing or not an object")
+        raise bad_start("start.mediaFormat is missing or not an object")
     encoding = media_format.get("encoding")
     rate = media_format.get("sampleRate")
     channels = media_format.get("channels")
@@ -340,21 +290,7 @@ def _check_media_format(media_format: object) -> None:
     ):
         raise IngressProtocolError(
             "unsupported_media_format",
-            f"media format {_label(encoding)!r}/{_label(rate)!r}/{_label(channels)!r} "
+            f"media format {label(encoding)!r}/{label(rate)!r}/{label(channels)!r} "
             f"is not {_TWILIO_ENCODING}/{TWILIO_MULAW_8K.sample_rate}/{TWILIO_MULAW_8K.channels}",
             fatal=True,
         )
-
-
-def _bad_start(message: str) -> IngressProtocolError:
-    # A start we cannot use leaves the call without a session: fatal, close the socket.
-    return IngressProtocolError("bad_start", message, fatal=True)
-
-
-def _label(value: object) -> str:
-    """A peer-supplied value, shortened for logs and metric labels."""
-    if isinstance(value, str):
-        return value[:MAX_EVENT_NAME_CHARS]
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)[:MAX_EVENT_NAME_CHARS]
-    return type(value).__name__

@@ -1,0 +1,199 @@
+"""Plivo calls end to end: the V3-signed answer webhook, the stream, echo, DTMF,
+barge-in, the REST hang-up (checked against plivo-python's) and /media detection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import plivo
+import pytest
+
+from rutster.brains.echo import EchoBrain
+from rutster.gateway.provider_registry import AUTODETECT_MEDIA_PATH
+from rutster.gateway.providers.plivo import ENV_API_BASE_URL, ENV_AUTH_ID, ENV_AUTH_TOKEN
+from rutster.protocols.tap import Dtmf
+from rutster.tools.launcher import LOOPBACK, free_port, realtime_brain_process
+from rutster.tools.plivo_simulator import PlivoSimulator, new_call_uuid
+from rutster.tools.realtime_mock_server import MockRealtimeServer
+from rutster.tools.twilio_simulator import BargeIn, BargeInCaller
+from rutster.trunk.plivo.call_control import PlivoCallControl, PlivoCallControlError
+from tests.conftest import (
+    TEST_ADMIN_KEY,
+    RunningGateway,
+    eventually,
+    gateway_config,
+    serve_gateway,
+)
+from tests.echo_checks import assert_echo_intact
+from tests.realtime_echo import realtime_echo
+from tests.support.fake_plivo_rest import (
+    FAKE_AUTH_ID,
+    FAKE_AUTH_TOKEN,
+    FakePlivoRest,
+    serve_fake_plivo,
+)
+from tests.support.recording_brain import RecordingBrain
+from tests.test_barge_in_e2e import BARGE_INS, OPENING, REPLY_MS, utterance
+
+ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakePlivoRest]:
+    async with serve_fake_plivo() as running:
+        yield running
+
+
+def plivo_env(fake: FakePlivoRest | None = None) -> dict[str, str]:
+    env = {ENV_AUTH_TOKEN: FAKE_AUTH_TOKEN}
+    if fake is not None:
+        env |= {ENV_AUTH_ID: FAKE_AUTH_ID, ENV_API_BASE_URL: fake.base_url}
+    return env
+
+
+@pytest.fixture
+async def plivo_gateway(echo_brain: EchoBrain) -> AsyncIterator[RunningGateway]:
+    async with serve_gateway(gateway_config(echo_brain.url, env=plivo_env())) as running:
+        yield running
+
+
+def simulator(gateway: RunningGateway) -> PlivoSimulator:
+    return PlivoSimulator(gateway.url, auth_token=FAKE_AUTH_TOKEN)
+
+
+@realtime_echo
+async def test_a_signed_plivo_call_echoes_and_is_billed_as_plivo(
+    plivo_gateway: RunningGateway, speech_pcm: bytes
+) -> None:
+    gateway = plivo_gateway
+    pcm = speech_pcm[: 4 * 8000 * 2]
+    call_uuid = new_call_uuid()
+    placed = asyncio.create_task(simulator(gateway).place_call(pcm, call_sid=call_uuid, tail_s=0.8))
+    await eventually(lambda: len(gateway.state.calls) == 1 or placed.done())
+    call = next(iter(gateway.state.calls.values()))
+    result = await placed
+    assert_echo_intact(pcm, result)
+    assert result.marks_received > 0 and result.marks_echoed > 0  # checkpoint / playedStream
+    assert (call.context.provider, call.context.call_id) == ("plivo", call_uuid)
+    await eventually(lambda: not gateway.state.calls)
+    store = gateway.state.spend_store
+    assert store is not None and call.call_id is not None
+    for _ in range(100):
+        record = await store.get_call(call.call_id)
+        if record is not None and record["status"] == "ended":
+            break
+        await asyncio.sleep(0.05)
+    assert record is not None and record["status"] == "ended"
+    assert (record["provider"], record["provider_call_id"]) == ("plivo", call_uuid)
+    assert record["spent"] is not None and record["spent"] > 0
+
+
+async def test_unsigned_or_tampered_answers_are_refused(plivo_gateway: RunningGateway) -> None:
+    for sim in (
+        PlivoSimulator(plivo_gateway.url),
+        PlivoSimulator(plivo_gateway.url, auth_token="x"),
+    ):
+        response = await sim.post_voice_webhook(new_call_uuid(), from_="+1555", to="+1666")
+        assert response.status_code == 403
+    assert plivo_gateway.metric("rutster_signature_failures_total", endpoint="plivo_answer") == 2
+
+
+async def test_a_secured_gateway_without_the_plivo_token_refuses_plivo(
+    gateway: RunningGateway,
+) -> None:
+    response = await simulator(gateway).post_voice_webhook(new_call_uuid(), from_="+1", to="+2")
+    assert response.status_code == 403 and ENV_AUTH_TOKEN in response.text
+
+
+async def test_plivo_dtmf_reaches_the_brain(speech_pcm: bytes) -> None:
+    async with RecordingBrain() as brain:
+        config = gateway_config(brain.url, env=plivo_env())
+        async with serve_gateway(config) as gateway:
+            await simulator(gateway).place_call(
+                speech_pcm[: 2 * 8000 * 2], call_sid=new_call_uuid(), dtmf=[(0.5, "2")], tail_s=0.5
+            )
+            await eventually(lambda: bool(brain.of_type(Dtmf)))
+    assert [e.digit for e in brain.of_type(Dtmf) if isinstance(e, Dtmf)] == ["2"]
+
+
+async def test_a_plivo_stream_runs_on_the_one_media_url(
+    plivo_gateway: RunningGateway, speech_pcm: bytes
+) -> None:
+    # The operator's application streams to /media instead, the query kept.
+    result = await simulator(plivo_gateway).place_call(
+        speech_pcm[: 2 * 8000 * 2],
+        call_sid=new_call_uuid(),
+        media_path=AUTODETECT_MEDIA_PATH,
+        tail_s=0.8,
+    )
+    assert result.media_received >= 50
+
+
+async def test_an_api_hang_up_goes_through_plivo_rest(
+    echo_brain: EchoBrain, fake: FakePlivoRest, speech_pcm: bytes
+) -> None:
+    async with serve_gateway(gateway_config(echo_brain.url, env=plivo_env(fake))) as gateway:
+        call_uuid = new_call_uuid()
+        hung_up = fake.register_call(call_uuid)
+        placed = asyncio.create_task(
+            simulator(gateway).place_call(
+                speech_pcm, call_sid=call_uuid, provider_hangup=hung_up, tail_s=5.0
+            )
+        )
+        await eventually(lambda: len(gateway.state.calls_by_id) == 1)
+        call_id = next(iter(gateway.state.calls_by_id))
+        async with httpx.AsyncClient(base_url=gateway.url) as http:
+            deleted = await http.delete(f"/v1/calls/{call_id}", headers=ADMIN)
+        assert deleted.status_code == 202, deleted.text
+        result = await asyncio.wait_for(placed, 10)
+    assert result.hung_up_by_provider
+    assert [(r.method, r.path) for r in fake.requests] == [
+        ("DELETE", f"/v1/Account/{FAKE_AUTH_ID}/Call/{call_uuid}/")
+    ]
+
+
+async def test_the_hang_up_is_what_plivo_python_sends(
+    fake: FakePlivoRest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ours, theirs = new_call_uuid(), new_call_uuid()
+    fake.register_call(ours)
+    fake.register_call(theirs)
+    control = PlivoCallControl(FAKE_AUTH_ID, FAKE_AUTH_TOKEN, base_url=fake.base_url)
+    await control.hang_up(ours)
+    with pytest.raises(PlivoCallControlError) as err:
+        await control.hang_up(ours)
+    assert err.value.reason == "already_ended"
+    with pytest.raises(PlivoCallControlError) as err:
+        await control.transfer(ours, "+15551234567")
+    assert err.value.reason == "not_supported"
+    await control.aclose()
+    # plivo-python, pointed at the fake (its voice API base is a module constant).
+    monkeypatch.setattr(plivo.rest.client, "API_VOICE_BASE_URI", f"{fake.base_url}/v1/Account")
+    client = plivo.RestClient(FAKE_AUTH_ID, FAKE_AUTH_TOKEN)
+    await asyncio.to_thread(client.calls.delete, theirs)
+    mine, sdks = fake.requests[0], fake.requests[-1]
+    assert (mine.method, mine.path.replace(ours, "ID"), mine.authorization) == (
+        sdks.method,
+        sdks.path.replace(theirs, "ID"),
+        sdks.authorization,
+    )
+
+
+async def test_a_plivo_caller_barging_in_gets_clear_audio(speech_pcm: bytes) -> None:
+    barge_ins = [
+        BargeIn(after_ms, utterance(speech_pcm, start_s, seconds))
+        for start_s, seconds, after_ms in BARGE_INS[:2]
+    ]
+    caller = BargeInCaller(utterance(speech_pcm, *OPENING), barge_ins)
+    async with MockRealtimeServer(reply_ms=REPLY_MS) as mock:
+        port = free_port()
+        with realtime_brain_process(mock.websocket_base_url, port):
+            config = gateway_config(f"ws://{LOOPBACK}:{port}/realtime", env=plivo_env())
+            async with serve_gateway(config) as gateway:
+                result = await simulator(gateway).place_reactive_call(caller, max_s=40.0)
+                await eventually(lambda: not gateway.state.calls)
+                (trail,) = gateway.state.recent_trails.values()
+    assert len(result.clear_times_ms) >= 2, result.clear_times_ms
+    assert len(trail.of_type("barge_in_confirmed")) == 2
