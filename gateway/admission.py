@@ -48,6 +48,23 @@ class StreamGrant:
 
 #: Longest caller or called party kept on an admission (the call record's bound).
 MAX_PARTY_CHARS = 64
+#: Query parameter of a provider's webhook URL selecting a brain for that number
+#: (``https://gw/twilio/voice?brain=wss://...``); it must be on the allowlist.
+QUERY_BRAIN = "brain"
+#: What a refused caller hears with ``RUTSTER_REFUSAL_RESPONSE=say``.
+REFUSAL_SAY_TEXT = "Sorry, this call cannot be taken right now. Goodbye."
+
+
+def inbound_brain(state: GatewayState, query_brain: str | None, to: str) -> str | None:
+    """The brain of a call a webhook announced: the URL's ``?brain=``, else the called
+    number's, else the default; None (counted) when it is not on the allowlist."""
+    config = state.config
+    tap_url = query_brain or config.tap_url_by_number.get(to) or config.tap_url
+    if config.tap_allowlist.allows(tap_url):
+        return tap_url
+    state.metrics.tap_url_rejections.inc()
+    log.warning("webhook refused: brain URL not on the allowlist")
+    return None
 
 
 def webhook_admission(

@@ -14,10 +14,7 @@ from rutster.brains.echo import EchoBrain
 from rutster.gateway.provider_registry import AUTODETECT_MEDIA_PATH
 from rutster.gateway.providers.plivo import ENV_API_BASE_URL, ENV_AUTH_ID, ENV_AUTH_TOKEN
 from rutster.protocols.tap import Dtmf
-from rutster.tools.launcher import LOOPBACK, free_port, realtime_brain_process
 from rutster.tools.plivo_simulator import PlivoSimulator, new_call_uuid
-from rutster.tools.realtime_mock_server import MockRealtimeServer
-from rutster.tools.twilio_simulator import BargeIn, BargeInCaller
 from rutster.trunk.plivo.call_control import PlivoCallControl, PlivoCallControlError
 from tests.conftest import (
     TEST_ADMIN_KEY,
@@ -35,7 +32,6 @@ from tests.support.fake_plivo_rest import (
     serve_fake_plivo,
 )
 from tests.support.recording_brain import RecordingBrain
-from tests.test_barge_in_e2e import BARGE_INS, OPENING, REPLY_MS, utterance
 
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
 
@@ -179,21 +175,3 @@ async def test_the_hang_up_is_what_plivo_python_sends(
         sdks.path.replace(theirs, "ID"),
         sdks.authorization,
     )
-
-
-async def test_a_plivo_caller_barging_in_gets_clear_audio(speech_pcm: bytes) -> None:
-    barge_ins = [
-        BargeIn(after_ms, utterance(speech_pcm, start_s, seconds))
-        for start_s, seconds, after_ms in BARGE_INS[:2]
-    ]
-    caller = BargeInCaller(utterance(speech_pcm, *OPENING), barge_ins)
-    async with MockRealtimeServer(reply_ms=REPLY_MS) as mock:
-        port = free_port()
-        with realtime_brain_process(mock.websocket_base_url, port):
-            config = gateway_config(f"ws://{LOOPBACK}:{port}/realtime", env=plivo_env())
-            async with serve_gateway(config) as gateway:
-                result = await simulator(gateway).place_reactive_call(caller, max_s=40.0)
-                await eventually(lambda: not gateway.state.calls)
-                (trail,) = gateway.state.recent_trails.values()
-    assert len(result.clear_times_ms) >= 2, result.clear_times_ms
-    assert len(trail.of_type("barge_in_confirmed")) == 2

@@ -44,9 +44,10 @@ from rutster.gateway.providers import REGISTRY
 from rutster.gateway.providers.plivo import PlivoProvider
 from rutster.gateway.providers.sip import SipProvider
 from rutster.gateway.providers.telnyx import TelnyxProvider
-from rutster.gateway.providers.twilio import PARAM_TAP_URL, TwilioMediaLeg, TwilioProvider
+from rutster.gateway.providers.twilio import TwilioMediaLeg, TwilioProvider
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.state import GatewayState
+from rutster.gateway.text_stream_leg import PARAM_TAP_URL
 from rutster.media.g711 import ulaw_encode
 from rutster.protocols.ingress import CallDirection, StreamStarted
 from rutster.spend.gate import AdmissionRequest

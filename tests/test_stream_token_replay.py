@@ -32,13 +32,13 @@ from rutster.gateway.media_socket import (
     REASON_EXPIRED_TOKEN,
     REASON_TOKEN_REPLAYED,
 )
-from rutster.gateway.providers.twilio import PARAM_TAP_URL
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.stream_claims import (
     CLAIM_CLOCK_SKEW_MARGIN_MS,
     ClaimOutcome,
     StreamClaims,
 )
+from rutster.gateway.text_stream_leg import PARAM_TAP_URL
 from rutster.protocols.tap import AudioIn
 from rutster.spend.store import SpendStore, redis_client
 from rutster.tools.launcher import LOOPBACK, free_port

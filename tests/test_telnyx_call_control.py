@@ -22,10 +22,20 @@ from rutster.tools.launcher import LOOPBACK, free_port
 from rutster.tools.telnyx_simulator import TelnyxSimulator, new_call_control_id
 from rutster.tools.twilio_simulator import DIRECTION_OUTBOUND_API, SimulatedCallResult
 from rutster.trunk.telnyx.call_control import TelnyxCallControl, TelnyxCallControlError
+from rutster.trunk.telnyx.signature import TelnyxWebhookSigner
 from tests.conftest import TEST_ADMIN_KEY, eventually, gateway_config, serve_gateway, tenant_key
 from tests.support.fake_telnyx_rest import FAKE_API_KEY, FakeTelnyxRest, serve_fake_telnyx
 
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
+
+
+def telnyx_env(signer: TelnyxWebhookSigner, fake: FakeTelnyxRest) -> dict[str, str]:
+    """A gateway checking ``signer``'s webhooks, with call control on ``fake``."""
+    return {
+        ENV_PUBLIC_KEY: signer.public_key_b64,
+        ENV_API_KEY: FAKE_API_KEY,
+        ENV_API_BASE_URL: fake.base_url,
+    }
 
 
 @pytest.fixture
@@ -132,11 +142,7 @@ async def test_an_api_hang_up_of_a_telnyx_call_goes_through_call_control(
     echo_brain: EchoBrain, fake: FakeTelnyxRest, speech_pcm: bytes
 ) -> None:
     signer = TelnyxSimulator.new_signer()
-    env = {
-        ENV_PUBLIC_KEY: signer.public_key_b64,
-        ENV_API_KEY: FAKE_API_KEY,
-        ENV_API_BASE_URL: fake.base_url,
-    }
+    env = telnyx_env(signer, fake)
     async with serve_gateway(gateway_config(echo_brain.url, env=env)) as gateway:
         sim = TelnyxSimulator(gateway.url, signer=signer)
         call_control_id = new_call_control_id()
@@ -214,12 +220,7 @@ async def test_an_outbound_telnyx_call_is_placed_answered_echoed_and_billed(
     echo_brain: EchoBrain, fake: FakeTelnyxRest, speech_pcm: bytes
 ) -> None:
     signer = TelnyxSimulator.new_signer()
-    env = {
-        ENV_PUBLIC_KEY: signer.public_key_b64,
-        ENV_API_KEY: FAKE_API_KEY,
-        ENV_API_BASE_URL: fake.base_url,
-        ENV_CONNECTION_ID: CONNECTION_ID,
-    }
+    env = telnyx_env(signer, fake) | {ENV_CONNECTION_ID: CONNECTION_ID}
     async with serve_gateway(gateway_config(echo_brain.url, env=env)) as gateway:
         sim = TelnyxSimulator(gateway.url, signer=signer)
         heard: list[SimulatedCallResult] = []

@@ -27,15 +27,12 @@ from rutster.gateway.providers.telnyx import ENV_PUBLIC_KEY, TelnyxSettings
 from rutster.protocols.tap import Dtmf
 from rutster.spend.store import CallRecord
 from rutster.tools.cli import _run_call
-from rutster.tools.launcher import LOOPBACK, free_port, realtime_brain_process
-from rutster.tools.realtime_mock_server import MockRealtimeServer
 from rutster.tools.telnyx_simulator import TelnyxSimulator, new_call_control_id
-from rutster.tools.twilio_simulator import BargeIn, BargeInCaller, new_sid
+from rutster.tools.twilio_simulator import new_sid
 from tests.conftest import SPEECH_WAV, RunningGateway, eventually, gateway_config, serve_gateway
 from tests.echo_checks import assert_echo_intact
 from tests.realtime_echo import realtime_echo
 from tests.support.recording_brain import RecordingBrain
-from tests.test_barge_in_e2e import BARGE_INS, OPENING, REPLY_MS, utterance
 from tests.test_stream_token_replay import close_of
 
 SIGNER = TelnyxSimulator.new_signer()
@@ -201,26 +198,3 @@ async def test_telnyx_dtmf_reaches_the_brain(speech_pcm: bytes) -> None:
             )
             await eventually(lambda: len(brain.of_type(Dtmf)) == 2)
     assert [e.digit for e in brain.of_type(Dtmf) if isinstance(e, Dtmf)] == ["4", "#"]
-
-
-async def test_a_telnyx_caller_barging_in_gets_clear_and_is_heard(speech_pcm: bytes) -> None:
-    # Two interruptions of the realtime brain's (mock) replies, as tests/test_barge_in_e2e.py
-    # plays them on Twilio: each must reach Telnyx as a clear, and be confirmed.
-    barge_ins = [
-        BargeIn(after_ms, utterance(speech_pcm, start_s, seconds))
-        for start_s, seconds, after_ms in BARGE_INS[:2]
-    ]
-    caller = BargeInCaller(utterance(speech_pcm, *OPENING), barge_ins)
-    async with MockRealtimeServer(reply_ms=REPLY_MS) as mock:
-        port = free_port()
-        with realtime_brain_process(mock.websocket_base_url, port):
-            config = gateway_config(
-                f"ws://{LOOPBACK}:{port}/realtime", env={ENV_PUBLIC_KEY: SIGNER.public_key_b64}
-            )
-            async with serve_gateway(config) as gateway:
-                sim = simulator(gateway)
-                result = await sim.place_reactive_call(caller, max_s=40.0)
-                await eventually(lambda: not gateway.state.calls)
-                (trail,) = gateway.state.recent_trails.values()
-    assert len(result.clear_times_ms) >= 2, result.clear_times_ms
-    assert len(trail.of_type("barge_in_confirmed")) == 2

@@ -10,7 +10,6 @@ from twilio.twiml.voice_response import Connect, VoiceResponse
 from rutster.trunk.twilio.twiml import (
     MAX_INLINE_TWIML_CHARS,
     MAX_SAY_CHARS,
-    XML_DECLARATION,
     TransferDestination,
     TransferKind,
     connect_stream_twiml,
@@ -20,6 +19,7 @@ from rutster.trunk.twilio.twiml import (
     say_hangup_twiml,
     transfer_twiml,
 )
+from rutster.trunk.xml_documents import XML_DECLARATION
 
 STREAM_URL = "wss://gw.example.com/twilio/media"
 HOSTILE = [

@@ -40,8 +40,15 @@ from starlette.websockets import WebSocket
 
 from rutster.base.env_values import ConfigError, read_secret
 from rutster.base.stream_token import PARAM_TOKEN
-from rutster.gateway.admission import Refused, admit_call, grant_stream, webhook_admission
-from rutster.gateway.call import Call
+from rutster.gateway.admission import (
+    QUERY_BRAIN,
+    REFUSAL_SAY_TEXT,
+    Refused,
+    admit_call,
+    grant_stream,
+    inbound_brain,
+    webhook_admission,
+)
 from rutster.gateway.config import public_http_url, public_ws_url
 from rutster.gateway.ingress_provider import (
     DialFailed,
@@ -49,12 +56,10 @@ from rutster.gateway.ingress_provider import (
     ProviderCapabilities,
     StreamParams,
 )
-from rutster.gateway.media_session import StreamEnded
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.state import GatewayState
-from rutster.gateway.text_stream_edge import TextStreamEdge
+from rutster.gateway.text_stream_leg import PARAM_TAP_URL, TextMediaLeg, custom_stream_params
 from rutster.gateway.webhook_forms import read_form
-from rutster.protocols.call_control import ProviderCallControl
 from rutster.protocols.ingress import StreamStarted
 from rutster.spend.store import CallRecord
 from rutster.trunk.plivo.call_control import (
@@ -71,7 +76,8 @@ from rutster.trunk.plivo.codec import (
     sniff_plivo_stream,
 )
 from rutster.trunk.plivo.signature import NONCE_HEADER, SIGNATURE_HEADER, PlivoSignatureV3
-from rutster.trunk.plivo.xml import hangup_xml, speak_hangup_xml, stream_xml, xml_can_carry
+from rutster.trunk.plivo.xml import hangup_xml, speak_hangup_xml, stream_xml
+from rutster.trunk.xml_documents import xml_can_carry
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +96,6 @@ FIELD_TO = "To"
 FIELD_DIRECTION = "Direction"
 #: Longest ``CallUUID`` accepted (a UUID is 36 characters; 64 leaves margin).
 MAX_CALL_UUID_CHARS = 64
-#: Stream parameter carrying the brain URL chosen at webhook time (bound into the token).
-PARAM_TAP_URL = "tap_url"
-#: Query parameter of the answer URL selecting a brain for that number (allowlisted).
-QUERY_BRAIN = "brain"
-#: What a refused caller hears with ``RUTSTER_REFUSAL_RESPONSE=say``.
-REFUSAL_SAY_TEXT = "Sorry, this call cannot be taken right now. Goodbye."
 SOURCE_WEBHOOK = "plivo_webhook"
 
 
@@ -170,12 +170,8 @@ async def plivo_answer(request: Request) -> Response:
             metrics.bad_messages.labels(SOURCE_WEBHOOK, "bad_party").inc()
             return PlainTextResponse(f"{party} holds a character XML cannot carry", 400)
     to = fields.get(FIELD_TO, "")
-    tap_url = (
-        request.query_params.get(QUERY_BRAIN) or config.tap_url_by_number.get(to) or config.tap_url
-    )
-    if not config.tap_allowlist.allows(tap_url):
-        metrics.tap_url_rejections.inc()
-        log.warning("Plivo answer webhook refused: brain URL not on the allowlist")
+    tap_url = inbound_brain(state, request.query_params.get(QUERY_BRAIN), to)
+    if tap_url is None:
         return PlainTextResponse("brain URL not allowed", 403)
     wanted = webhook_admission(
         state,
@@ -203,45 +199,6 @@ async def plivo_answer(request: Request) -> Response:
     }
     url = public_ws_url(config.public_url, MEDIA_PATH) + "?" + urlencode(parameters)
     return Response(stream_xml(url), media_type="text/xml")
-
-
-class PlivoMediaLeg:
-    """One ``/plivo/stream`` socket: text frames only; ``clearedAudio`` is noted only."""
-
-    binary_frames = False
-
-    def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
-        self._codec = PlivoStreamCodec(url_parameters=dict(websocket.query_params))
-        self._edge = TextStreamEdge(websocket, self._codec.encode)
-        self._call_control = plivo_settings(state).call_control
-
-    @property
-    def edge(self) -> TextStreamEdge:
-        """Encodes commands as Plivo ``playAudio``/``checkpoint``/``clearAudio``."""
-        return self._edge
-
-    def decode(self, frame: str | bytes) -> object:
-        """Text frames only: the socket reader drops binary ones for this leg."""
-        assert isinstance(frame, str)
-        return self._codec.receive(frame)
-
-    @property
-    def call_control(self) -> ProviderCallControl | None:
-        """Plivo's REST API (None without the auth id and token)."""
-        return self._call_control
-
-    def attach(self, context: SpendContext) -> None:
-        """Nothing to register."""
-
-    async def on_message(self, message: object, call: Call | None) -> StreamEnded | None:
-        """``clearedAudio``: Plivo emptied its queue, as the pause already assumed."""
-        return None
-
-    def detach(self, context: SpendContext) -> None:
-        """Nothing to unregister."""
-
-    def stream_ended(self) -> None:
-        """Nothing waits on the socket."""
 
 
 class PlivoProvider:
@@ -277,17 +234,14 @@ class PlivoProvider:
         return None
 
     def open_leg(self, websocket: WebSocket, state: GatewayState) -> MediaLeg:
-        """A fresh codec, given the socket URL's parameters, and its edge."""
-        return PlivoMediaLeg(websocket, state)
+        """A fresh codec, given the socket URL's parameters (``clearedAudio`` is a
+        provider message the core needs nothing from)."""
+        codec = PlivoStreamCodec(url_parameters=dict(websocket.query_params))
+        return TextMediaLeg(websocket, codec, plivo_settings(state).call_control)
 
     def stream_params(self, started: StreamStarted, state: GatewayState) -> StreamParams:
         """The parameters our answer put on the stream URL."""
-        params = started.custom_parameters
-        return StreamParams(
-            tap_url=params.get(PARAM_TAP_URL) or state.config.tap_url,
-            spend_text=params.get(PARAM_SPEND, ""),
-            token=params.get(PARAM_TOKEN),
-        )
+        return custom_stream_params(started, state)
 
     def sniff(self, first_message: str | bytes) -> bool:
         """Plivo's ``start`` (``start.callId`` and ``start.streamId``)."""

@@ -48,11 +48,14 @@ from starlette.websockets import WebSocket
 from rutster.base.env_values import ConfigError, read_secret
 from rutster.base.stream_token import PARAM_TOKEN
 from rutster.gateway.admission import (
+    QUERY_BRAIN,
     REASON_UNKNOWN_PLACED_CALL,
+    REFUSAL_SAY_TEXT,
     Refused,
     admit_call,
     answered_placed_call,
     grant_stream,
+    inbound_brain,
     webhook_admission,
 )
 from rutster.gateway.call import Call
@@ -66,9 +69,9 @@ from rutster.gateway.ingress_provider import (
 from rutster.gateway.media_session import StreamEnded, release_if_never_connected
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.state import GatewayState
-from rutster.gateway.text_stream_edge import TextStreamEdge
+from rutster.gateway.text_stream_leg import PARAM_TAP_URL, TextMediaLeg, custom_stream_params
 from rutster.gateway.webhook_forms import read_form
-from rutster.protocols.call_control import CallControlFailure, ProviderCallControl
+from rutster.protocols.call_control import CallControlFailure
 from rutster.protocols.ingress import StreamStarted
 from rutster.spend.store import CallRecord
 from rutster.trunk.telnyx.call_control import TELNYX_API_BASE_URL, TelnyxCallControl
@@ -89,8 +92,8 @@ from rutster.trunk.telnyx.texml import (
     connect_stream_texml,
     reject_texml,
     say_hangup_texml,
-    xml_can_carry,
 )
+from rutster.trunk.xml_documents import xml_can_carry
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +124,8 @@ FIELD_DIRECTION = "Direction"
 #: Longest ``CallControlId`` accepted (Telnyx's are ``v3:`` + ~60 URL-safe characters,
 #: docs/PROVIDERS.md §2.3 example; 128 leaves margin and bounds what reaches the token).
 MAX_CALL_CONTROL_ID_CHARS = 128
-#: Custom parameter carrying the brain URL chosen at webhook time (bound into the token).
-PARAM_TAP_URL = "tap_url"
-#: Query parameter of the voice URL selecting a brain for that number (allowlisted).
-QUERY_BRAIN = "brain"
 #: The ``direction`` parameter of a call the REST API placed (Twilio's ``Direction`` value).
 OUTBOUND_API = "outbound-api"
-#: What a refused caller hears with ``RUTSTER_REFUSAL_RESPONSE=say``.
-REFUSAL_SAY_TEXT = "Sorry, this call cannot be taken right now. Goodbye."
 #: Metrics labels of this provider's webhooks and stream.
 SOURCE_WEBHOOK = "telnyx_webhook"
 
@@ -233,14 +230,12 @@ async def telnyx_voice(request: Request) -> Response:
             return _refusal(state)
         context, tap_url = found
     else:
-        tap_url = (
-            request.query_params.get(QUERY_BRAIN)
-            or config.tap_url_by_number.get(to)
-            or config.tap_url
-        )
-    if not config.tap_allowlist.allows(tap_url):
+        chosen = inbound_brain(state, request.query_params.get(QUERY_BRAIN), to)
+        if chosen is None:
+            return PlainTextResponse("brain URL not allowed", 403)
+        tap_url = chosen
+    if not config.tap_allowlist.allows(tap_url):  # a placed call's brain, checked again
         metrics.tap_url_rejections.inc()
-        log.warning("Telnyx voice webhook refused: brain URL not on the allowlist")
         return PlainTextResponse("brain URL not allowed", 403)
     if placed is None:
         wanted = webhook_admission(
@@ -277,36 +272,14 @@ def _refusal(state: GatewayState) -> Response:
     return Response(texml, media_type="text/xml")
 
 
-class TelnyxMediaLeg:
-    """One ``/telnyx/stream`` socket: text frames only; held frames and Telnyx's
-    ``error`` messages are provider messages handled here."""
-
-    binary_frames = False
+class TelnyxMediaLeg(TextMediaLeg):
+    """One ``/telnyx/stream`` socket: held frames and Telnyx's ``error`` messages are
+    provider messages handled here."""
 
     def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
-        self._codec = TelnyxStreamCodec(url_parameters=dict(websocket.query_params))
-        self._edge = TextStreamEdge(websocket, self._codec.encode)
+        self._telnyx = TelnyxStreamCodec(url_parameters=dict(websocket.query_params))
+        super().__init__(websocket, self._telnyx, telnyx_state(state).call_control)
         self._metrics = state.metrics
-        self._call_control = telnyx_state(state).call_control
-
-    @property
-    def edge(self) -> TextStreamEdge:
-        """Encodes commands as Telnyx ``media``/``mark``/``clear`` messages."""
-        return self._edge
-
-    def decode(self, frame: str | bytes) -> object:
-        """Text frames only: the socket reader drops binary ones for this leg."""
-        assert isinstance(frame, str)
-        return self._codec.receive(frame)
-
-    @property
-    def call_control(self) -> ProviderCallControl | None:
-        """Telnyx's Call Control API (None without ``TELNYX_API_KEY``: hanging up is
-        closing the socket, and there is no transfer)."""
-        return self._call_control
-
-    def attach(self, context: SpendContext) -> None:
-        """Nothing to register."""
 
     async def on_message(self, message: object, call: Call | None) -> StreamEnded | None:
         """A frame held for reordering (nothing to do yet), or Telnyx's ``error``."""
@@ -318,17 +291,14 @@ class TelnyxMediaLeg:
         return None
 
     def detach(self, context: SpendContext) -> None:
-        """Nothing to unregister; reordering losses go to the log."""
-        if self._codec.frames_skipped:
+        """Reordering losses go to the log."""
+        if self._telnyx.frames_skipped:
             log.info(
                 "Telnyx stream %s: %d media frames lost (gaps skipped), %d reordered",
-                self._codec.stream_id,
-                self._codec.frames_skipped,
-                self._codec.frames_reordered,
+                self._telnyx.stream_id,
+                self._telnyx.frames_skipped,
+                self._telnyx.frames_reordered,
             )
-
-    def stream_ended(self) -> None:
-        """Nothing waits on the socket."""
 
 
 class TelnyxProvider:
@@ -375,12 +345,7 @@ class TelnyxProvider:
 
     def stream_params(self, started: StreamStarted, state: GatewayState) -> StreamParams:
         """The parameters our TeXML gave the stream (URL query or ``<Parameter>``s)."""
-        params = started.custom_parameters
-        return StreamParams(
-            tap_url=params.get(PARAM_TAP_URL) or state.config.tap_url,
-            spend_text=params.get(PARAM_SPEND, ""),
-            token=params.get(PARAM_TOKEN),
-        )
+        return custom_stream_params(started, state)
 
     def sniff(self, first_message: str | bytes) -> bool:
         """Telnyx's ``connected`` (a version, no protocol) or ``start`` (``stream_id``)."""

@@ -32,14 +32,16 @@ from starlette.routing import BaseRoute, Route
 from starlette.websockets import WebSocket
 
 from rutster.gateway.admission import (
+    QUERY_BRAIN,
     REASON_UNKNOWN_PLACED_CALL,
+    REFUSAL_SAY_TEXT,
     Refused,
     admit_call,
     answered_placed_call,
     grant_stream,
+    inbound_brain,
     webhook_admission,
 )
-from rutster.gateway.call import Call
 from rutster.gateway.config import public_http_url, public_ws_url
 from rutster.gateway.ingress_provider import (
     DialFailed,
@@ -47,12 +49,12 @@ from rutster.gateway.ingress_provider import (
     ProviderCapabilities,
     StreamParams,
 )
-from rutster.gateway.media_session import StreamEnded, release_if_never_connected
+from rutster.gateway.media_session import release_if_never_connected
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.state import GatewayState
-from rutster.gateway.text_stream_edge import TextStreamEdge
+from rutster.gateway.text_stream_leg import PARAM_TAP_URL, TextMediaLeg, custom_stream_params
 from rutster.gateway.webhook_forms import read_form
-from rutster.protocols.call_control import CallControlFailure, ProviderCallControl
+from rutster.protocols.call_control import CallControlFailure
 from rutster.protocols.ingress import StreamStarted
 from rutster.spend.store import CallRecord, StoreUnavailable
 from rutster.trunk.twilio.call_control import TwilioCallControl
@@ -70,8 +72,8 @@ from rutster.trunk.twilio.twiml import (
     connect_stream_twiml,
     reject_twiml,
     say_hangup_twiml,
-    xml_can_carry,
 )
+from rutster.trunk.xml_documents import xml_can_carry
 
 log = logging.getLogger(__name__)
 
@@ -79,19 +81,12 @@ log = logging.getLogger(__name__)
 VOICE_PATH = "/twilio/voice"
 STATUS_PATH = "/twilio/status"
 MEDIA_PATH = "/twilio/stream"
-#: Custom parameter carrying the brain URL chosen at webhook time (bound into the token).
-PARAM_TAP_URL = "tap_url"
-#: Query parameter of the voice webhook URL selecting a brain for that number
-#: (``https://gw/twilio/voice?brain=wss://...``); must be on the allowlist.
-QUERY_BRAIN = "brain"
 #: Twilio CallSids: "CA" + 32 hex digits; we accept any short token of safe
 #: characters so simulators and other Twilio-compatible providers also work.
 CALL_SID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: Query parameter of the voice-webhook and status-callback URLs naming a call
 #: placed through ``POST /v1/calls``.
 QUERY_CALL = "rutster_call"
-#: What a refused caller hears with ``RUTSTER_REFUSAL_RESPONSE=say``.
-REFUSAL_SAY_TEXT = "Sorry, this call cannot be taken right now. Goodbye."
 #: Twilio's final statuses of a call that never connected, and the end reason
 #: recorded for each (twilio.com/docs/voice/api/call-resource#call-status-values).
 UNCONNECTED_STATUSES = {
@@ -163,12 +158,11 @@ async def twilio_voice(request: Request) -> Response:
             return _refusal_twiml(state)
         context, tap_url = found
     else:
-        tap_url = (
-            request.query_params.get(QUERY_BRAIN)
-            or config.tap_url_by_number.get(to)
-            or config.tap_url
-        )
-    if not config.tap_allowlist.allows(tap_url):
+        chosen = inbound_brain(state, request.query_params.get(QUERY_BRAIN), to)
+        if chosen is None:
+            return PlainTextResponse("brain URL not allowed", 403)
+        tap_url = chosen
+    if not config.tap_allowlist.allows(tap_url):  # a placed call's brain, checked again
         metrics.tap_url_rejections.inc()
         log.warning("voice webhook refused: brain URL not on the allowlist")
         return PlainTextResponse("brain URL not allowed", 403)
@@ -247,44 +241,12 @@ async def twilio_status(request: Request) -> Response:
     return Response(status_code=204)
 
 
-class TwilioMediaLeg:
-    """One ``/twilio/stream`` socket: text frames only, no provider messages beyond
-    the ingress events, call control through Twilio's REST API when configured."""
-
-    binary_frames = False
+class TwilioMediaLeg(TextMediaLeg):
+    """One ``/twilio/stream`` socket: its codec yields only ingress events; call control
+    through Twilio's REST API when configured."""
 
     def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
-        self._codec = TwilioStreamCodec()
-        self._edge = TextStreamEdge(websocket, self._codec.encode)
-        self._call_control = state.twilio_call_control
-
-    @property
-    def edge(self) -> TextStreamEdge:
-        """Encodes commands as Twilio ``media``/``mark``/``clear`` messages."""
-        return self._edge
-
-    def decode(self, frame: str | bytes) -> object:
-        """Text frames only: the socket reader drops binary ones for this leg."""
-        assert isinstance(frame, str)
-        return self._codec.receive(frame)
-
-    @property
-    def call_control(self) -> ProviderCallControl | None:
-        """Twilio's REST API (None without an account SID and auth token)."""
-        return self._call_control
-
-    def attach(self, context: SpendContext) -> None:
-        """Nothing to register: Twilio's call control needs only the CallSid."""
-
-    async def on_message(self, message: object, call: Call | None) -> StreamEnded | None:
-        """Never reached: the codec yields only ingress events."""
-        return None
-
-    def detach(self, context: SpendContext) -> None:
-        """Nothing to unregister."""
-
-    def stream_ended(self) -> None:
-        """Nothing waits on the socket."""
+        super().__init__(websocket, TwilioStreamCodec(), state.twilio_call_control)
 
 
 class TwilioProvider:
@@ -345,12 +307,7 @@ class TwilioProvider:
 
     def stream_params(self, started: StreamStarted, state: GatewayState) -> StreamParams:
         """The ``<Parameter>``s our TwiML put on the ``<Stream>``."""
-        params = started.custom_parameters
-        return StreamParams(
-            tap_url=params.get(PARAM_TAP_URL) or state.config.tap_url,
-            spend_text=params.get(PARAM_SPEND, ""),
-            token=params.get(PARAM_TOKEN),
-        )
+        return custom_stream_params(started, state)
 
     def sniff(self, first_message: str | bytes) -> bool:
         """Twilio's ``connected`` (protocol ``Call``) or ``start`` message."""

@@ -11,10 +11,11 @@ Rejection is ``<Hangup reason>``; a spoken refusal ``<Speak>`` then ``<Hangup>``
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 
-__all__ = ["HANGUP_REASONS", "hangup_xml", "speak_hangup_xml", "stream_xml", "xml_can_carry"]
+from rutster.trunk.xml_documents import xml_can_carry, xml_document
+
+__all__ = ["HANGUP_REASONS", "hangup_xml", "speak_hangup_xml", "stream_xml"]
 
 #: ``<Hangup reason>`` values that refuse a call (plivo-python ``HangupElement``).
 HANGUP_REASONS = frozenset({"rejected", "busy"})
@@ -26,18 +27,6 @@ STREAM_ATTRIBUTES = {
     "audioTrack": "inbound",
     "contentType": "audio/x-mulaw;rate=8000",
 }
-_XML_DECLARATION = '<?xml version="1.0" encoding="utf-8"?>'
-#: Characters outside the XML 1.0 ``Char`` production (W3C XML 1.0 §2.2).
-_INVALID_XML_CHARS = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-def xml_can_carry(text: str) -> bool:
-    """True when ``text`` has only characters an XML 1.0 document may hold."""
-    return _INVALID_XML_CHARS.search(text) is None
-
-
-def _document(root: ET.Element) -> str:
-    return _XML_DECLARATION + ET.tostring(root, encoding="unicode")
 
 
 def stream_xml(stream_url: str) -> str:
@@ -46,7 +35,7 @@ def stream_xml(stream_url: str) -> str:
         raise ValueError("the stream URL must be a ws:// or wss:// URL XML can carry")
     response = ET.Element("Response")
     ET.SubElement(response, "Stream", STREAM_ATTRIBUTES).text = stream_url
-    return _document(response)
+    return xml_document(response)
 
 
 def hangup_xml(reason: str) -> str:
@@ -55,7 +44,7 @@ def hangup_xml(reason: str) -> str:
         raise ValueError(f"hang-up reason must be one of {sorted(HANGUP_REASONS)}")
     response = ET.Element("Response")
     ET.SubElement(response, "Hangup", {"reason": reason})
-    return _document(response)
+    return xml_document(response)
 
 
 def speak_hangup_xml(text: str) -> str:
@@ -65,4 +54,4 @@ def speak_hangup_xml(text: str) -> str:
     response = ET.Element("Response")
     ET.SubElement(response, "Speak").text = text
     ET.SubElement(response, "Hangup")
-    return _document(response)
+    return xml_document(response)

@@ -10,16 +10,16 @@ escapes text and attribute values; characters XML 1.0 cannot carry are refused.
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
+
+from rutster.trunk.xml_documents import checked_text, xml_document
 
 __all__ = [
     "REJECT_REASONS",
     "connect_stream_texml",
     "reject_texml",
     "say_hangup_texml",
-    "xml_can_carry",
 ]
 
 #: ``<Reject reason>`` values (TeXML follows TwiML's ``<Reject>``: ``rejected``, ``busy``).
@@ -31,24 +31,6 @@ STREAM_ATTRIBUTES = {
     "bidirectionalCodec": "PCMU",
     "bidirectionalSamplingRate": "8000",
 }
-_XML_DECLARATION = '<?xml version="1.0" encoding="UTF-8"?>'
-#: Characters outside the XML 1.0 ``Char`` production (W3C XML 1.0 §2.2).
-_INVALID_XML_CHARS = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-def xml_can_carry(text: str) -> bool:
-    """True when ``text`` has only characters an XML 1.0 document may hold."""
-    return _INVALID_XML_CHARS.search(text) is None
-
-
-def _document(root: ET.Element) -> str:
-    return _XML_DECLARATION + ET.tostring(root, encoding="unicode")
-
-
-def _checked(text: str, what: str) -> str:
-    if not xml_can_carry(text):
-        raise ValueError(f"{what} holds a character XML cannot carry")
-    return text
 
 
 def connect_stream_texml(stream_url: str, parameters: Mapping[str, str]) -> str:
@@ -61,15 +43,18 @@ def connect_stream_texml(stream_url: str, parameters: Mapping[str, str]) -> str:
     response = ET.Element("Response")
     connect = ET.SubElement(response, "Connect")
     stream = ET.SubElement(
-        connect, "Stream", {"url": _checked(stream_url, "stream URL"), **STREAM_ATTRIBUTES}
+        connect, "Stream", {"url": checked_text(stream_url, "stream URL"), **STREAM_ATTRIBUTES}
     )
     for name, value in parameters.items():
         ET.SubElement(
             stream,
             "Parameter",
-            {"name": _checked(name, "parameter name"), "value": _checked(value, "parameter")},
+            {
+                "name": checked_text(name, "parameter name"),
+                "value": checked_text(value, "parameter"),
+            },
         )
-    return _document(response)
+    return xml_document(response)
 
 
 def reject_texml(reason: str) -> str:
@@ -78,12 +63,12 @@ def reject_texml(reason: str) -> str:
         raise ValueError(f"reject reason must be one of {sorted(REJECT_REASONS)}")
     response = ET.Element("Response")
     ET.SubElement(response, "Reject", {"reason": reason})
-    return _document(response)
+    return xml_document(response)
 
 
 def say_hangup_texml(text: str) -> str:
     """``<Say>`` a sentence, then ``<Hangup/>``."""
     response = ET.Element("Response")
-    ET.SubElement(response, "Say").text = _checked(text, "say text")
+    ET.SubElement(response, "Say").text = checked_text(text, "say text")
     ET.SubElement(response, "Hangup")
-    return _document(response)
+    return xml_document(response)

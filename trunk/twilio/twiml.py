@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import SplitResult, urlsplit
 
-#: Declaration Twilio's own helper library emits (twilio-python ``TwiML.to_xml``).
-XML_DECLARATION = '<?xml version="1.0" encoding="UTF-8"?>'
+from rutster.trunk.xml_documents import checked_text, xml_document
 
 #: Schemes a ``<Stream url>`` may use: Twilio wants ``wss``; ``ws`` is kept for local testing.
 STREAM_URL_SCHEMES = frozenset({"ws", "wss"})
@@ -65,9 +64,6 @@ _DNS_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?")
 #: Highest TCP/UDP port number (RFC 793 / RFC 768: 16-bit port field).
 _MAX_PORT = 65535
 
-#: Characters outside the XML 1.0 ``Char`` production (W3C XML 1.0 §2.2).
-_INVALID_XML_CHARS = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
 
 def connect_stream_twiml(
     stream_url: str,
@@ -88,14 +84,14 @@ def connect_stream_twiml(
         raise ValueError("stream_url must be an absolute ws:// or wss:// URL")
     if "?" in stream_url or "#" in stream_url:
         raise ValueError("stream_url must not have a query string or fragment; use parameters")
-    stream_attrs = {"url": _xml_text(stream_url, "stream_url")}
+    stream_attrs = {"url": checked_text(stream_url, "stream_url")}
     if stream_name is not None:
-        stream_attrs["name"] = _xml_text(stream_name, "stream_name")
+        stream_attrs["name"] = checked_text(stream_name, "stream_name")
     if status_callback is not None:
         callback = _split_url(status_callback, "status_callback")
         if callback.scheme not in STATUS_CALLBACK_SCHEMES or not callback.hostname:
             raise ValueError("status_callback must be an absolute http:// or https:// URL")
-        stream_attrs["statusCallback"] = _xml_text(status_callback, "status_callback")
+        stream_attrs["statusCallback"] = checked_text(status_callback, "status_callback")
 
     response = ET.Element("Response")
     connect = ET.SubElement(response, "Connect")
@@ -106,9 +102,12 @@ def connect_stream_twiml(
         ET.SubElement(
             stream,
             "Parameter",
-            {"name": _xml_text(name, "parameter name"), "value": _xml_text(value, "parameter")},
+            {
+                "name": checked_text(name, "parameter name"),
+                "value": checked_text(value, "parameter"),
+            },
         )
-    return _document(response)
+    return xml_document(response)
 
 
 def reject_twiml(reason: str = "rejected") -> str:
@@ -121,7 +120,7 @@ def reject_twiml(reason: str = "rejected") -> str:
         raise ValueError(f"reject reason must be one of {sorted(REJECT_REASONS)}")
     response = ET.Element("Response")
     ET.SubElement(response, "Reject", {"reason": reason})
-    return _document(response)
+    return xml_document(response)
 
 
 def say_hangup_twiml(message: str) -> str:
@@ -138,9 +137,9 @@ def say_hangup_twiml(message: str) -> str:
         raise ValueError(f"message must be at most {MAX_SAY_CHARS} characters")
     response = ET.Element("Response")
     say = ET.SubElement(response, "Say")
-    say.text = _xml_text(message, "message")
+    say.text = checked_text(message, "message")
     ET.SubElement(response, "Hangup")
-    document = _document(response)
+    document = xml_document(response)
     # Guaranteed by MAX_SAY_CHARS (worst-case escaping); checked so a change there cannot slip.
     if len(document) > MAX_INLINE_TWIML_CHARS:
         raise ValueError("message is too long once escaped for inline TwiML")
@@ -209,7 +208,7 @@ def transfer_twiml(destination: str) -> str:
     dial = ET.SubElement(response, "Dial")
     noun = ET.SubElement(dial, "Number" if parsed.kind is TransferKind.NUMBER else "Sip")
     noun.text = parsed.address
-    return _document(response)
+    return xml_document(response)
 
 
 def _is_sip_host(host: str) -> bool:
@@ -232,19 +231,3 @@ def _split_url(url: str, what: str) -> SplitResult:
     except ValueError as exc:
         raise ValueError(f"{what} is not a valid URL") from exc
     return split
-
-
-def xml_can_carry(value: str) -> bool:
-    """Whether every character of ``value`` is one XML 1.0 can carry (W3C XML 1.0 §2.2)."""
-    return _INVALID_XML_CHARS.search(value) is None
-
-
-def _xml_text(value: str, what: str) -> str:
-    """Return ``value`` if XML can carry it; ``ValueError`` otherwise."""
-    if _INVALID_XML_CHARS.search(value):
-        raise ValueError(f"{what} contains a character XML cannot carry")
-    return value
-
-
-def _document(root: ET.Element) -> str:
-    return XML_DECLARATION + ET.tostring(root, encoding="unicode")
