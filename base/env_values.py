@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 class ConfigError(ValueError):
@@ -87,3 +88,12 @@ def env_pairs(env: Mapping[str, str], name: str) -> dict[str, str]:
             raise ConfigError(f"{name} entries are KEY=VALUE, got {entry!r}")
         out[key.strip()] = value.strip()
     return out
+
+
+def env_http_url(env: Mapping[str, str], name: str, default: str) -> str:
+    """An http(s) base URL from ``name`` (``default`` when unset), without a trailing slash."""
+    value = env.get(name, "").strip() or default
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{name} must be an http(s) URL, got {value!r}")
+    return value.rstrip("/")

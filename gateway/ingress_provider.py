@@ -151,3 +151,24 @@ class IngressProvider(Protocol):
     async def cancel(self, state: GatewayState, record: CallRecord) -> None:
         """Cancel a placed call that has not connected (best effort for calls already
         gone); raises ``CallControlFailure`` when the provider refused."""
+
+
+class InboundOnly:
+    """For a provider that answers calls but does not place them yet: the REST API's
+    outbound methods of :class:`IngressProvider`, refusing with a clear reason."""
+
+    name: str
+
+    def outbound_unavailable(self, state: GatewayState) -> str | None:
+        """Always: this provider's calls are not placed yet."""
+        label = self.name.capitalize()
+        return f"outbound {label} calls are not supported yet (rutster answers {label} calls)"
+
+    async def dial(
+        self, state: GatewayState, context: SpendContext, *, to: str, from_: str, tap_url: str
+    ) -> str:
+        """Never reached (:meth:`outbound_unavailable` always refuses)."""
+        raise DialFailed(f"outbound {self.name.capitalize()} calls are not supported yet")
+
+    async def cancel(self, state: GatewayState, record: CallRecord) -> None:
+        """Nothing to cancel: no call of this provider is ever placed."""

@@ -1,8 +1,9 @@
-"""The media leg of the streams that carry JSON text frames (Twilio, Telnyx, Plivo).
+"""The media leg of the streams that carry JSON text frames (Twilio, Telnyx, Plivo, Vonage).
 
 Those providers differ in their codecs (``trunk/<provider>/codec.py``), not in how a
-leg runs: text frames only, each decoded by the codec; each core command encoded
-as one text frame and sent (:class:`TextStreamEdge`, which closes the socket when
+leg runs: frames decoded by the codec (text only, unless the provider sends audio
+in binary frames: Vonage); each core command encoded as one frame, text or binary
+(Vonage's audio), and sent (:class:`TextStreamEdge`, which closes the socket when
 the call ends: the provider then runs out of instructions and hangs up); the
 stream's parameters (brain URL, spend context, stream token) read from the
 custom parameters the provider's answer gave it (:func:`custom_stream_params`).
@@ -35,17 +36,19 @@ PARAM_TAP_URL = "tap_url"
 class TextStreamCodec(Protocol):
     """A provider's sans-I/O stream codec, as a text leg drives it."""
 
-    def receive(self, text: str) -> object:
+    def receive(self, text: str, /) -> object:
         """One text frame in, an ingress event (or a provider message) out."""
 
-    def encode(self, command: IngressCommand) -> str:
-        """One core command as a text frame."""
+    def encode(self, command: IngressCommand) -> str | bytes:
+        """One core command as a text frame (or a binary one: Vonage's audio)."""
 
 
 class TextStreamEdge:
-    """Sends core commands, encoded by ``encode``, as text frames on ``websocket``."""
+    """Sends core commands, encoded by ``encode``, as frames on ``websocket``."""
 
-    def __init__(self, websocket: WebSocket, encode: Callable[[IngressCommand], str]) -> None:
+    def __init__(
+        self, websocket: WebSocket, encode: Callable[[IngressCommand], str | bytes]
+    ) -> None:
         self._ws = websocket
         self._encode = encode
         self.closed = False
@@ -54,8 +57,12 @@ class TextStreamEdge:
         """Encode and send; a socket that is already gone makes this a no-op."""
         if self.closed:
             return
+        frame = self._encode(command)
         try:
-            await self._ws.send_text(self._encode(command))
+            if isinstance(frame, bytes):
+                await self._ws.send_bytes(frame)
+            else:
+                await self._ws.send_text(frame)
         except (WebSocketDisconnect, RuntimeError, OSError):
             self.closed = True
 
@@ -90,7 +97,8 @@ class TextMediaLeg:
         return self._edge
 
     def decode(self, frame: str | bytes) -> object:
-        """Text frames only: the socket reader drops binary ones for this leg."""
+        """Text frames only: the socket reader drops binary ones for this leg (a leg
+        that takes them, Vonage's, overrides this)."""
         assert isinstance(frame, str)
         return self._codec.receive(frame)
 

@@ -28,6 +28,15 @@ class CallControlFailure(Exception):
         self.reason = reason
 
 
+class RestCallControlError(CallControlFailure):
+    """A provider's REST API refused or failed a call-control request; ``status_code``
+    is the HTTP status when there was an answer."""
+
+    def __init__(self, reason: str, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(reason, f"{reason}: {message}")
+        self.status_code = status_code
+
+
 class ProviderCallControl(Protocol):
     """Hang up or transfer one live call (``call_id`` is the provider's id for it)."""
 

@@ -124,6 +124,11 @@ TELNYX_BILLING_INCREMENT_S = 60
 PLIVO_INBOUND_MICROS_PER_MINUTE = TELNYX_INBOUND_MICROS_PER_MINUTE
 PLIVO_OUTBOUND_MICROS_PER_MINUTE = TELNYX_OUTBOUND_MICROS_PER_MINUTE
 PLIVO_BILLING_INCREMENT_S = TELNYX_BILLING_INCREMENT_S
+#: Vonage voice with websockets, per minute, each way: the same stand-in (seed decision,
+#: not checked against Vonage's price list).
+VONAGE_INBOUND_MICROS_PER_MINUTE = TELNYX_INBOUND_MICROS_PER_MINUTE
+VONAGE_OUTBOUND_MICROS_PER_MINUTE = TELNYX_OUTBOUND_MICROS_PER_MINUTE
+VONAGE_BILLING_INCREMENT_S = TELNYX_BILLING_INCREMENT_S
 #: Our SIP trunk, inbound, per minute (seed decision: the order of magnitude of Twilio
 #: Elastic SIP Trunking origination).
 SIP_INBOUND_MICROS_PER_MINUTE = 4_000
@@ -463,6 +468,12 @@ class PriceTable:
                 ),
                 ("plivo", "outbound"): TelephonyRate(
                     PLIVO_OUTBOUND_MICROS_PER_MINUTE, PLIVO_BILLING_INCREMENT_S
+                ),
+                ("vonage", "inbound"): TelephonyRate(
+                    VONAGE_INBOUND_MICROS_PER_MINUTE, VONAGE_BILLING_INCREMENT_S
+                ),
+                ("vonage", "outbound"): TelephonyRate(
+                    VONAGE_OUTBOUND_MICROS_PER_MINUTE, VONAGE_BILLING_INCREMENT_S
                 ),
                 ("sip", "inbound"): TelephonyRate(
                     SIP_INBOUND_MICROS_PER_MINUTE, SIP_BILLING_INCREMENT_S

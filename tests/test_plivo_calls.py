@@ -25,6 +25,7 @@ from tests.conftest import (
 )
 from tests.echo_checks import assert_echo_intact
 from tests.realtime_echo import realtime_echo
+from tests.support.call_records import settled_record
 from tests.support.fake_plivo_rest import (
     FAKE_AUTH_ID,
     FAKE_AUTH_TOKEN,
@@ -74,13 +75,7 @@ async def test_a_signed_plivo_call_echoes_and_is_billed_as_plivo(
     assert result.marks_received > 0 and result.marks_echoed > 0  # checkpoint / playedStream
     assert (call.context.provider, call.context.call_id) == ("plivo", call_uuid)
     await eventually(lambda: not gateway.state.calls)
-    store = gateway.state.spend_store
-    assert store is not None and call.call_id is not None
-    for _ in range(100):
-        record = await store.get_call(call.call_id)
-        if record is not None and record["status"] == "ended":
-            break
-        await asyncio.sleep(0.05)
+    record = await settled_record(gateway, call)
     assert record is not None and record["status"] == "ended"
     assert (record["provider"], record["provider_call_id"]) == ("plivo", call_uuid)
     assert record["spent"] is not None and record["spent"] > 0

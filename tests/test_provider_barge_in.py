@@ -1,8 +1,9 @@
 """Barge-in on every text-stream provider's wire: the provider gets its own ``clear``.
 
 tests/test_barge_in_e2e.py plays the reported call on Twilio; here the first two of
-its interruptions are played on Telnyx (``clear``) and Plivo (``clearAudio``,
-answered by ``clearedAudio``), against the realtime brain (MOCK Realtime server):
+its interruptions are played on Telnyx (``clear``), Plivo (``clearAudio``,
+answered by ``clearedAudio``) and Vonage (``clear``, answered by ``websocket:cleared``;
+audio in binary L16 frames at 16 kHz), against the realtime brain (MOCK Realtime server):
 each must reach the provider as its clear and be confirmed.
 """
 
@@ -17,11 +18,13 @@ from rutster.tools.plivo_simulator import PlivoSimulator
 from rutster.tools.realtime_mock_server import MockRealtimeServer
 from rutster.tools.telnyx_simulator import TelnyxSimulator
 from rutster.tools.twilio_simulator import BargeIn, BargeInCaller, TwilioSimulator
+from rutster.tools.vonage_simulator import VonageSimulator
 from tests.conftest import eventually, gateway_config, serve_gateway
 from tests.support.fake_plivo_rest import FAKE_AUTH_TOKEN
 from tests.test_barge_in_e2e import BARGE_INS, OPENING, REPLY_MS, utterance
 
 TELNYX_SIGNER = TelnyxSimulator.new_signer()
+VONAGE_SECRET = "vonage-signature-secret-for-barge-in"
 #: Per provider: the gateway's environment, and its simulator for a gateway URL.
 PROVIDERS: dict[str, tuple[dict[str, str], Callable[[str], TwilioSimulator]]] = {
     "telnyx": (
@@ -31,6 +34,10 @@ PROVIDERS: dict[str, tuple[dict[str, str], Callable[[str], TwilioSimulator]]] = 
     "plivo": (
         {"PLIVO_AUTH_TOKEN": FAKE_AUTH_TOKEN},
         lambda url: PlivoSimulator(url, auth_token=FAKE_AUTH_TOKEN),
+    ),
+    "vonage": (
+        {"VONAGE_SIGNATURE_SECRET": VONAGE_SECRET},
+        lambda url: VonageSimulator(url, signature_secret=VONAGE_SECRET),
     ),
 }
 

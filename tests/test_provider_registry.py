@@ -93,14 +93,14 @@ def sip_start() -> str:
 
 
 def test_the_registry_lists_every_provider() -> None:
-    assert REGISTRY.names() == ("twilio", "sip", "telnyx", "plivo")
-    # Plivo answers calls only: the REST API does not place calls through it yet.
+    assert REGISTRY.names() == ("twilio", "sip", "telnyx", "plivo", "vonage")
+    # Plivo and Vonage answer calls only: the REST API does not place calls through them yet.
     assert REGISTRY.outbound_names() == ("twilio", "sip", "telnyx")
     assert isinstance(REGISTRY.get("twilio"), TwilioProvider)
     assert isinstance(REGISTRY.get("sip"), SipProvider)
     assert isinstance(REGISTRY.get("telnyx"), TelnyxProvider)
     assert isinstance(REGISTRY.get("plivo"), PlivoProvider)
-    assert REGISTRY.get("vonage") is None
+    assert REGISTRY.get("bandwidth") is None
     # The REST API's provider enum is the registry's, not a list of its own.
     assert CREATE_CALL_SCHEMA["properties"]["provider"]["enum"] == list(OUTBOUND_PROVIDERS)
 
@@ -116,6 +116,10 @@ def test_the_registry_lists_every_provider() -> None:
                 {"event": "start", "start": {"callId": "c1", "streamId": "s1", "mediaFormat": {}}}
             ),
             "plivo",
+        ),
+        (
+            json.dumps({"event": "websocket:connected", "content-type": "audio/l16;rate=16000"}),
+            "vonage",
         ),
         # Telnyx's connected names a version and no protocol (Twilio's says "Call").
         (json.dumps({"event": "connected", "version": "1.0.0"}), "telnyx"),
@@ -176,11 +180,20 @@ def test_the_app_mounts_every_providers_routes_once() -> None:
         "/telnyx/stream",
         "/plivo/answer",
         "/plivo/stream",
+        "/vonage/answer",
+        "/vonage/events",
+        "/vonage/stream",
         AUTODETECT_MEDIA_PATH,
     ):
         assert path in paths
     media = [r for r in app.routes if isinstance(r, WebSocketRoute) and r.name.endswith("_media")]
-    expected = ["/plivo/stream", "/sip/stream", "/telnyx/stream", "/twilio/stream"]
+    expected = [
+        "/plivo/stream",
+        "/sip/stream",
+        "/telnyx/stream",
+        "/twilio/stream",
+        "/vonage/stream",
+    ]
     assert sorted(r.path for r in media) == expected
 
 

@@ -103,8 +103,8 @@ def test_quantum_low_water_and_first_quantum() -> None:
 
 
 def test_unknown_prices_fail_at_construction() -> None:
-    with pytest.raises(UnknownPrice, match="vonage"):
-        meter(provider="vonage")
+    with pytest.raises(UnknownPrice, match="bandwidth"):
+        meter(provider="bandwidth")
     no_brains = PriceTable(telephony={("twilio", "*"): TelephonyRate(1, 60)})
     with pytest.raises(UnknownPrice, match="brain"):
         meter(prices=no_brains)

@@ -72,8 +72,8 @@ def test_telephony_lookup_falls_back_to_any_direction_then_fails() -> None:
     with pytest.raises(UnknownPrice, match="'nope'"):
         table.telephony_rate("nope", "inbound")
     with pytest.raises(UnknownPrice) as excinfo:
-        DEFAULT.telephony_cost("vonage", "outbound", 1_000)
-    assert str(excinfo.value) == "no telephony rate for provider 'vonage' (outbound)"
+        DEFAULT.telephony_cost("bandwidth", "outbound", 1_000)
+    assert str(excinfo.value) == "no telephony rate for provider 'bandwidth' (outbound)"
 
 
 def test_telephony_rejects_bad_direction_and_elapsed() -> None:

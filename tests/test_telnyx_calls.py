@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,18 +18,16 @@ from websockets.asyncio.client import connect
 from rutster.base.env_values import ConfigError
 from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.brains.echo import EchoBrain
-from rutster.gateway.call import Call
 from rutster.gateway.media_socket import REASON_INVALID_TOKEN
 from rutster.gateway.provider_registry import AUTODETECT_MEDIA_PATH
 from rutster.gateway.providers.telnyx import ENV_PUBLIC_KEY, TelnyxSettings
 from rutster.protocols.tap import Dtmf
-from rutster.spend.store import CallRecord
-from rutster.tools.cli import _run_call
 from rutster.tools.telnyx_simulator import TelnyxSimulator, new_call_control_id
 from rutster.tools.twilio_simulator import new_sid
-from tests.conftest import SPEECH_WAV, RunningGateway, eventually, gateway_config, serve_gateway
+from tests.conftest import RunningGateway, eventually, gateway_config, serve_gateway
 from tests.echo_checks import assert_echo_intact
 from tests.realtime_echo import realtime_echo
+from tests.support.call_records import settled_record
 from tests.support.recording_brain import RecordingBrain
 from tests.test_stream_token_replay import close_of
 
@@ -48,17 +44,6 @@ async def telnyx_gateway(echo_brain: EchoBrain) -> AsyncIterator[RunningGateway]
 
 def simulator(gateway: RunningGateway, *, reorder_every: int | None = None) -> TelnyxSimulator:
     return TelnyxSimulator(gateway.url, signer=SIGNER, reorder_every=reorder_every)
-
-
-async def ended_record(gateway: RunningGateway, call: Call) -> CallRecord:
-    store = gateway.state.spend_store
-    assert store is not None and call.call_id is not None
-    for _ in range(200):
-        record = await store.get_call(call.call_id)
-        if record is not None and record["status"] == "ended":
-            return record
-        await asyncio.sleep(0.05)
-    raise AssertionError("the call was never settled")
 
 
 @realtime_echo
@@ -79,7 +64,7 @@ async def test_a_signed_telnyx_call_echoes_in_order_and_is_billed_as_telnyx(
     assert result.marks_received > 0 and result.marks_echoed > 0
     assert call.context.provider == "telnyx"
     assert call.context.call_id == call_control_id
-    record = await ended_record(gateway, call)
+    record = await settled_record(gateway, call)
     assert record["provider"] == "telnyx"
     assert record["provider_call_id"] == call_control_id
     assert record["spent"] is not None and record["spent"] > 0
@@ -169,21 +154,6 @@ async def test_a_secured_gateway_without_the_telnyx_key_refuses_telnyx_webhooks(
     )
     assert response.status_code == 403 and ENV_PUBLIC_KEY in response.text
     assert not gateway.state.calls
-
-
-@pytest.mark.parametrize("provider", ["telnyx", "plivo"])
-async def test_rutster_call_plays_each_provider_into_a_dev_mode_gateway(
-    echo_brain: EchoBrain, provider: str, tmp_path: Path
-) -> None:
-    # No Twilio token and no provider key: dev mode, where `rutster call --provider` works.
-    config = replace(gateway_config(echo_brain.url), twilio_auth_token=None)
-    async with serve_gateway(config) as gateway:
-        report = await _run_call(
-            gateway.url, SPEECH_WAV, tmp_path / "reply.wav", 1.0, 3.0, None, provider=provider
-        )
-    assert int(str(report["media_received"])) >= 100  # 3 s of speech, echoed
-    assert float(str(report["correlation"])) > 0.9
-    assert (tmp_path / "reply.wav").exists()
 
 
 async def test_telnyx_dtmf_reaches_the_brain(speech_pcm: bytes) -> None:

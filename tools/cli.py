@@ -221,6 +221,8 @@ async def _run_call(
         read_wav_8k,
         write_wav_8k,
     )
+    from rutster.tools.vonage_simulator import VonageSimulator
+    from rutster.tools.vonage_simulator import new_call_uuid as new_vonage_uuid
 
     pcm = read_wav_8k(wav)
     if seconds > 0:
@@ -235,6 +237,9 @@ async def _run_call(
     elif provider == "plivo":
         simulator = PlivoSimulator(gateway_url)  # unsigned, as above
         call_sid = new_call_uuid()
+    elif provider == "vonage":
+        simulator = VonageSimulator(gateway_url)  # unsigned, as above
+        call_sid = new_vonage_uuid()
     else:
         simulator = TwilioSimulator(gateway_url, auth_token=auth_token)
     started = time.monotonic()
@@ -560,9 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     call.add_argument(
         "--provider",
-        choices=("twilio", "telnyx", "plivo"),
+        choices=("twilio", "telnyx", "plivo", "vonage"),
         default="twilio",
-        help="whose webhook and media-stream wire to simulate (telnyx, plivo: unsigned)",
+        help="whose webhook and media-stream wire to simulate (others than twilio unsigned)",
     )
     call.set_defaults(func=cmd_call)
 

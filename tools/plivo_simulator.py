@@ -29,6 +29,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
+from rutster.media.g711 import ulaw_decode
 from rutster.tools.twilio_simulator import (
     WEBHOOK_CALL_STATUS,
     WEBHOOK_TIMEOUT_S,
@@ -97,10 +98,11 @@ class PlivoSimulator(TwilioSimulator):
         """Open the media WebSocket; Plivo signs no upgrade."""
         return await connect(instructions.url, max_size=2**20, compression=None)
 
-    def _parse_outgoing(self, message: dict[str, Any]) -> tuple[str, str]:
+    def _parse_outgoing(self, raw: str | bytes) -> tuple[str, str | bytes]:
+        message: dict[str, Any] = json.loads(raw)
         event = str(message.get("event"))
         if event == "playAudio":
-            return "media", str(message["media"]["payload"])
+            return "media", ulaw_decode(base64.b64decode(message["media"]["payload"]))
         if event == "checkpoint":
             return "mark", str(message["name"])
         if event == "clearAudio":
@@ -134,7 +136,7 @@ class PlivoSimulator(TwilioSimulator):
 
     def _media_message(
         self, stream_sid: str, seq: int, chunk: int, timestamp_ms: int, mulaw: bytes
-    ) -> str:
+    ) -> str | bytes:
         return json.dumps(
             {
                 "event": "media",

@@ -66,7 +66,7 @@ class TelnyxSimulator(TwilioSimulator):
             raise ValueError("reorder_every must be at least 2 (a pair swaps)")
         self.signer = signer
         self.reorder_every = reorder_every
-        self._held: str | None = None
+        self._held: str | bytes | None = None
         self._sent_media = 0
         #: Media frames this simulator sent out of order.
         self.frames_swapped = 0
@@ -144,7 +144,7 @@ class TelnyxSimulator(TwilioSimulator):
 
     def _media_message(
         self, stream_sid: str, seq: int, chunk: int, timestamp_ms: int, mulaw: bytes
-    ) -> str:
+    ) -> str | bytes:
         return json.dumps(
             {
                 "event": "media",
@@ -183,7 +183,7 @@ class TelnyxSimulator(TwilioSimulator):
     def _mark_message(self, stream_sid: str, name: str) -> str:
         return json.dumps({"event": "mark", "stream_id": stream_sid, "mark": {"name": name}})
 
-    async def _send_media(self, ws: ClientConnection, message: str) -> None:
+    async def _send_media(self, ws: ClientConnection, message: str | bytes) -> None:
         """In order, or every ``reorder_every`` frames one held and sent after the next."""
         self._sent_media += 1
         if self._held is not None:

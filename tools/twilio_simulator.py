@@ -674,12 +674,13 @@ class TwilioSimulator:
         """The webhook's answer: where to stream, with which parameters."""
         return parse_connect_stream(document)
 
-    def _parse_outgoing(self, message: dict[str, Any]) -> tuple[str, str]:
-        """A gateway message as ``("media", base64)``, ``("mark", name)``, ``("clear", "")``
-        or ``(other event, "")``."""
+    def _parse_outgoing(self, raw: str | bytes) -> tuple[str, str | bytes]:
+        """A gateway message as ``("media", PCM16 8 kHz)``, ``("mark", name)``,
+        ``("clear", "")`` or ``(other event, "")``."""
+        message: dict[str, Any] = json.loads(raw)
         event = str(message.get("event"))
         if event == "media":
-            return event, str(message["media"]["payload"])
+            return event, ulaw_decode(base64.b64decode(message["media"]["payload"]))
         if event == "mark":
             return event, str(message["mark"]["name"])
         return event, ""
@@ -698,7 +699,7 @@ class TwilioSimulator:
 
     def _media_message(
         self, stream_sid: str, seq: int, chunk: int, timestamp_ms: int, mulaw: bytes
-    ) -> str:
+    ) -> str | bytes:
         return media_message(stream_sid, seq, chunk, timestamp_ms, mulaw)
 
     def _stop_message(self, stream_sid: str, seq: int, call_sid: str) -> str | None:
@@ -719,7 +720,7 @@ class TwilioSimulator:
         """The mark echoed once the audio before it has played."""
         return json.dumps({"event": "mark", "streamSid": stream_sid, "mark": {"name": name}})
 
-    async def _send_media(self, ws: ClientConnection, message: str) -> None:
+    async def _send_media(self, ws: ClientConnection, message: str | bytes) -> None:
         """Send one caller media message (a subclass may hold and reorder them)."""
         await ws.send(message)
 
@@ -750,9 +751,10 @@ class TwilioSimulator:
         try:
             async for raw in ws:
                 now = time.monotonic() * 1000.0
-                event, value = self._parse_outgoing(json.loads(raw))
+                event, value = self._parse_outgoing(raw)
                 if event == "media":
-                    pcm = ulaw_decode(base64.b64decode(value))
+                    assert isinstance(value, bytes)
+                    pcm = value
                     result.media_received += 1
                     duration = len(pcm) / 2 / SIM_SAMPLE_RATE * 1000.0
                     result.audio_ms_received += duration
@@ -762,7 +764,7 @@ class TwilioSimulator:
                     playback.add(now, pcm, result)
                 elif event == "mark":
                     result.marks_received += 1
-                    name = value
+                    name = str(value)
                     playback.pending_marks.append((playback.queue_end, name))
                     task = asyncio.create_task(echo_mark(name, playback.queue_end))
                     mark_tasks.add(task)

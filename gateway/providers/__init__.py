@@ -16,6 +16,7 @@ from rutster.gateway.providers.plivo import PlivoProvider
 from rutster.gateway.providers.sip import SipProvider
 from rutster.gateway.providers.telnyx import TelnyxProvider
 from rutster.gateway.providers.twilio import TwilioProvider
+from rutster.gateway.providers.vonage import VonageProvider
 
 REGISTRY = ProviderRegistry(
     [
@@ -23,5 +24,6 @@ REGISTRY = ProviderRegistry(
         SipProvider(),
         TelnyxProvider(),
         PlivoProvider(),
+        VonageProvider(),
     ]
 )

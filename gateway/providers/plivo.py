@@ -31,14 +31,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.websockets import WebSocket
 
-from rutster.base.env_values import ConfigError, read_secret
+from rutster.base.env_values import ConfigError, env_http_url, read_secret
 from rutster.base.stream_token import PARAM_TOKEN
 from rutster.gateway.admission import (
     QUERY_BRAIN,
@@ -51,17 +51,16 @@ from rutster.gateway.admission import (
 )
 from rutster.gateway.config import public_http_url, public_ws_url
 from rutster.gateway.ingress_provider import (
-    DialFailed,
+    InboundOnly,
     MediaLeg,
     ProviderCapabilities,
     StreamParams,
 )
-from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
+from rutster.gateway.spend_context import PARAM_SPEND
 from rutster.gateway.state import GatewayState
 from rutster.gateway.text_stream_leg import PARAM_TAP_URL, TextMediaLeg, custom_stream_params
 from rutster.gateway.webhook_forms import read_form
 from rutster.protocols.ingress import StreamStarted
-from rutster.spend.store import CallRecord
 from rutster.trunk.plivo.call_control import (
     PLIVO_API_BASE_URL,
     PlivoCallControl,
@@ -111,10 +110,7 @@ class PlivoSettings:
         """Raises :class:`ConfigError` for an API base URL that is not http(s)."""
         token = read_secret(env, ENV_AUTH_TOKEN)
         auth_id = env.get(ENV_AUTH_ID, "").strip()
-        base = env.get(ENV_API_BASE_URL, "").strip() or PLIVO_API_BASE_URL
-        parts = urlsplit(base)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"{ENV_API_BASE_URL} must be an http(s) URL, got {base!r}")
+        base = env_http_url(env, ENV_API_BASE_URL, PLIVO_API_BASE_URL)
         control = None
         if token and auth_id:
             try:
@@ -201,7 +197,7 @@ async def plivo_answer(request: Request) -> Response:
     return Response(stream_xml(url), media_type="text/xml")
 
 
-class PlivoProvider:
+class PlivoProvider(InboundOnly):
     """Plivo audio streams through an application's answer URL (inbound calls)."""
 
     name = PROVIDER
@@ -246,16 +242,3 @@ class PlivoProvider:
     def sniff(self, first_message: str | bytes) -> bool:
         """Plivo's ``start`` (``start.callId`` and ``start.streamId``)."""
         return sniff_plivo_stream(first_message)
-
-    def outbound_unavailable(self, state: GatewayState) -> str | None:
-        """Always: outbound Plivo calls are not placed yet."""
-        return "outbound Plivo calls are not supported yet (rutster answers Plivo calls)"
-
-    async def dial(
-        self, state: GatewayState, context: SpendContext, *, to: str, from_: str, tap_url: str
-    ) -> str:
-        """Never reached (:meth:`outbound_unavailable` always refuses)."""
-        raise DialFailed("outbound Plivo calls are not supported yet")
-
-    async def cancel(self, state: GatewayState, record: CallRecord) -> None:
-        """Nothing to cancel: no Plivo call is ever placed."""

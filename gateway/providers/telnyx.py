@@ -38,14 +38,14 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.websockets import WebSocket
 
-from rutster.base.env_values import ConfigError, read_secret
+from rutster.base.env_values import ConfigError, env_http_url, read_secret
 from rutster.base.stream_token import PARAM_TOKEN
 from rutster.gateway.admission import (
     QUERY_BRAIN,
@@ -151,10 +151,7 @@ class TelnyxSettings:
             verifier = None if key is None else TelnyxSignatureVerifier(key)
         except ValueError as exc:
             raise ConfigError(f"{ENV_PUBLIC_KEY}: {exc}") from None
-        base = env.get(ENV_API_BASE_URL, "").strip() or TELNYX_API_BASE_URL
-        parts = urlsplit(base)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"{ENV_API_BASE_URL} must be an http(s) URL, got {base!r}")
+        base = env_http_url(env, ENV_API_BASE_URL, TELNYX_API_BASE_URL)
         return cls(
             verifier=verifier,
             api_key=read_secret(env, ENV_API_KEY),

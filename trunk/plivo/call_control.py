@@ -19,7 +19,10 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from rutster.protocols.call_control import CHANNEL_COMPLETED, CallControlFailure
+from rutster.protocols.call_control import (
+    CHANNEL_COMPLETED,
+    RestCallControlError,
+)
 
 __all__ = ["PLIVO_API_BASE_URL", "PlivoCallControl", "PlivoCallControlError"]
 
@@ -34,12 +37,8 @@ _AUTH_FAILED_STATUSES = frozenset({401, 403})
 _HTTP_NOT_FOUND = 404
 
 
-class PlivoCallControlError(CallControlFailure):
-    """A Plivo REST request failed; ``reason`` is a short stable label."""
-
-    def __init__(self, reason: str, message: str, *, status_code: int | None = None) -> None:
-        super().__init__(reason, f"{reason}: {message}")
-        self.status_code = status_code
+class PlivoCallControlError(RestCallControlError):
+    """A Plivo REST request failed (see the module docstring for reasons)."""
 
 
 class PlivoCallControl:

@@ -33,7 +33,7 @@ import httpx
 from rutster.protocols.call_control import (
     CHANNEL_COMPLETED,
     CHANNEL_TRANSFERRING,
-    CallControlFailure,
+    RestCallControlError,
 )
 
 __all__ = [
@@ -65,12 +65,8 @@ _HTTP_NOT_FOUND = 404
 _HTTP_UNPROCESSABLE = 422
 
 
-class TelnyxCallControlError(CallControlFailure):
-    """A Call Control request failed; ``reason`` is a short stable label."""
-
-    def __init__(self, reason: str, message: str, *, status_code: int | None = None) -> None:
-        super().__init__(reason, f"{reason}: {message}")
-        self.status_code = status_code
+class TelnyxCallControlError(RestCallControlError):
+    """A Telnyx Call Control request failed (see the module docstring for reasons)."""
 
 
 class TelnyxCallControl:

@@ -1,0 +1,298 @@
+"""Vonage Voice API WebSockets (NCCO ``connect`` to a websocket) as an ingress provider.
+
+The sans-I/O pieces are in ``trunk/vonage/`` (stream codec, JWTs, NCCO, REST
+hang-up); this module is the gateway adapter of the registry
+(``gateway/providers/__init__.py``):
+
+- ``/vonage/answer``: the application's answer URL (GET by default, or POST with a
+  JSON body, docs/PROVIDERS.md §3.1). With ``VONAGE_SIGNATURE_SECRET`` set, the
+  request's JWT is checked (and its ``payload_hash`` against the body); the call is
+  admitted through the spend gate and the answer is an NCCO ``connect`` to
+  ``/vonage/stream``, L16 at 16 kHz, with ``authorization: vonage`` so that the
+  handshake is signed too. The call context and stream token ride in the
+  socket URL's query (``headers`` hold 512 bytes, §3.2); the ``call_uuid`` header
+  names the call, and the stream token binds it.
+- ``/vonage/events``: the application's event URL; events are checked and
+  acknowledged (the call's end comes from its socket).
+- ``/vonage/stream`` (served by ``gateway/media_socket.py``): the handshake's JWT
+  is checked when the secret is set; audio arrives and leaves in binary frames.
+
+Hang-up goes through the Voice API (``PUT /v1/calls/{uuid}``) when
+``VONAGE_APPLICATION_ID`` and ``VONAGE_PRIVATE_KEY_FILE`` are set; otherwise
+closing the socket ends the call. Not yet: transfer and outbound calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.websockets import WebSocket
+
+from rutster.base.env_values import ConfigError, env_http_url, read_secret
+from rutster.base.stream_token import PARAM_TOKEN
+from rutster.gateway.admission import (
+    QUERY_BRAIN,
+    REFUSAL_SAY_TEXT,
+    Refused,
+    admit_call,
+    grant_stream,
+    inbound_brain,
+    webhook_admission,
+)
+from rutster.gateway.config import public_ws_url
+from rutster.gateway.ingress_provider import (
+    InboundOnly,
+    MediaLeg,
+    ProviderCapabilities,
+    StreamParams,
+)
+from rutster.gateway.spend_context import PARAM_SPEND
+from rutster.gateway.state import GatewayState
+from rutster.gateway.text_stream_leg import PARAM_TAP_URL, TextMediaLeg, custom_stream_params
+from rutster.gateway.webhook_forms import MAX_WEBHOOK_BODY_BYTES, read_body
+from rutster.protocols.ingress import StreamStarted
+from rutster.trunk.vonage.call_control import (
+    VONAGE_API_BASE_URL,
+    VonageCallControl,
+    VonageCallControlError,
+)
+from rutster.trunk.vonage.codec import (
+    CONTENT_TYPE,
+    HEADER_CALL_UUID,
+    PARAM_DIRECTION,
+    PROVIDER,
+    VonageStreamCodec,
+    sniff_vonage_stream,
+)
+from rutster.trunk.vonage.ncco import connect_websocket_ncco, empty_ncco, talk_ncco
+from rutster.trunk.vonage.signature import VonageJwt
+
+log = logging.getLogger(__name__)
+
+#: Its endpoints.
+ANSWER_PATH = "/vonage/answer"
+EVENTS_PATH = "/vonage/events"
+MEDIA_PATH = "/vonage/stream"
+#: Its environment variables.
+ENV_SIGNATURE_SECRET = "VONAGE_SIGNATURE_SECRET"
+ENV_APPLICATION_ID = "VONAGE_APPLICATION_ID"
+ENV_PRIVATE_KEY_FILE = "VONAGE_PRIVATE_KEY_FILE"
+ENV_API_BASE_URL = "VONAGE_API_BASE_URL"
+#: Longest call ``uuid`` accepted (a UUID is 36 characters).
+MAX_UUID_CHARS = 64
+#: Longest party (``from``, ``to``) kept: E.164 or a SIP URI's user part.
+MAX_PARTY_CHARS = 64
+SOURCE_WEBHOOK = "vonage_webhook"
+_JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class VonageSettings:
+    """This provider's settings, read from the gateway's environment."""
+
+    jwt: VonageJwt | None
+    call_control: VonageCallControl | None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> VonageSettings:
+        """Raises :class:`ConfigError` for a key file that cannot be read or a bad URL."""
+        secret = read_secret(env, ENV_SIGNATURE_SECRET)
+        application_id = env.get(ENV_APPLICATION_ID, "").strip()
+        key_file = env.get(ENV_PRIVATE_KEY_FILE, "").strip()
+        base = env_http_url(env, ENV_API_BASE_URL, VONAGE_API_BASE_URL)
+        control = None
+        if application_id and key_file:
+            try:
+                key = Path(key_file).read_text(encoding="utf-8")
+                control = VonageCallControl(application_id, key, base_url=base)
+            except OSError as exc:
+                raise ConfigError(
+                    f"{ENV_PRIVATE_KEY_FILE}: cannot read it: {exc.strerror}"
+                ) from None
+            except (UnicodeDecodeError, VonageCallControlError) as exc:
+                raise ConfigError(f"{ENV_PRIVATE_KEY_FILE}: {exc}") from None
+        return cls(jwt=VonageJwt(secret) if secret else None, call_control=control)
+
+
+def vonage_settings(state: GatewayState) -> VonageSettings:
+    """This app's Vonage settings and REST client (read once, at startup)."""
+    kept = state.provider_state.get(PROVIDER)
+    if not isinstance(kept, VonageSettings):
+        kept = VonageSettings.from_env(state.config.env)
+        state.provider_state[PROVIDER] = kept
+    return kept
+
+
+def _refused_by_signature(state: GatewayState, request: Request, body: bytes) -> Response | None:
+    """The refusal of a webhook whose JWT does not hold up (None: it does)."""
+    signer = vonage_settings(state).jwt
+    if signer is None:
+        if not state.config.signatures_enforced:
+            return None
+        state.metrics.signature_failures.labels("vonage_webhook").inc()
+        log.warning("Vonage webhook refused: %s is not set", ENV_SIGNATURE_SECRET)
+        return PlainTextResponse(f"Vonage webhooks need {ENV_SIGNATURE_SECRET} here", 403)
+    verdict = signer.verify(request.headers.get("authorization"), body, now_s=time.time())
+    if verdict.ok:
+        return None
+    state.metrics.signature_failures.labels("vonage_webhook").inc()
+    log.warning("Vonage webhook refused: signature %s", verdict.reason)
+    return PlainTextResponse("invalid signature", 403)
+
+
+async def _webhook_fields(
+    request: Request, state: GatewayState
+) -> tuple[bytes, dict[str, str]] | Response:
+    """The body as sent and the webhook's string fields (GET: the query; POST: JSON)."""
+    body = await read_body(request, MAX_WEBHOOK_BODY_BYTES)
+    if body is None:
+        state.metrics.bad_messages.labels(SOURCE_WEBHOOK, "too_large").inc()
+        return PlainTextResponse("request body too large", 413)
+    if request.method == "GET":
+        return body, dict(request.query_params)
+    try:
+        decoded = json.loads(body) if body else {}
+    except (ValueError, RecursionError):
+        decoded = None
+    if not isinstance(decoded, dict):
+        state.metrics.bad_messages.labels(SOURCE_WEBHOOK, "bad_body").inc()
+        return PlainTextResponse("expected a JSON object", 400)
+    return body, {k: v for k, v in decoded.items() if isinstance(v, str)}
+
+
+async def vonage_answer(request: Request) -> Response:
+    """The answer webhook: reply an NCCO ``connect`` to ``/vonage/stream``."""
+    state: GatewayState = request.app.state.gateway
+    config = state.config
+    read = await _webhook_fields(request, state)
+    if isinstance(read, Response):
+        return read
+    body, fields = read
+    refused = _refused_by_signature(state, request, body)
+    if refused is not None:
+        return refused
+    uuid = fields.get("uuid", "")
+    if not uuid or len(uuid) > MAX_UUID_CHARS or not uuid.replace("-", "").isalnum():
+        state.metrics.bad_messages.labels(SOURCE_WEBHOOK, "bad_uuid").inc()
+        return PlainTextResponse("missing or malformed uuid", 400)
+    from_, to = fields.get("from", "")[:MAX_PARTY_CHARS], fields.get("to", "")[:MAX_PARTY_CHARS]
+    tap_url = inbound_brain(state, request.query_params.get(QUERY_BRAIN), to)
+    if tap_url is None:
+        return PlainTextResponse("brain URL not allowed", 403)
+    direction = fields.get("direction", "inbound")
+    wanted = webhook_admission(
+        state,
+        provider=PROVIDER,
+        provider_call_id=uuid,
+        from_=from_,
+        to=to,
+        direction=direction,
+        tap_url=tap_url,
+    )
+    admitted = await admit_call(state, wanted)
+    if isinstance(admitted, Refused):
+        if config.spend.refusal_response == "say":
+            return Response(talk_ncco(REFUSAL_SAY_TEXT), media_type=_JSON)
+        return Response(empty_ncco(), media_type=_JSON)
+    grant = grant_stream(state, admitted, stream_call_id=uuid, tap_url=tap_url)
+    parameters = {
+        "from": from_,
+        "to": to,
+        PARAM_DIRECTION: direction,
+        PARAM_TAP_URL: tap_url,
+        PARAM_SPEND: grant.spend_text,
+        PARAM_TOKEN: grant.token,
+    }
+    uri = public_ws_url(config.public_url, MEDIA_PATH) + "?" + urlencode(parameters)
+    ncco = connect_websocket_ncco(uri, {HEADER_CALL_UUID: uuid}, CONTENT_TYPE)
+    return Response(ncco, media_type=_JSON)
+
+
+async def vonage_events(request: Request) -> Response:
+    """The event webhook: checked, then acknowledged (a call ends with its socket)."""
+    state: GatewayState = request.app.state.gateway
+    read = await _webhook_fields(request, state)
+    if isinstance(read, Response):
+        return read
+    refused = _refused_by_signature(state, request, read[0])
+    return refused if refused is not None else Response(status_code=204)
+
+
+class VonageMediaLeg(TextMediaLeg):
+    """One ``/vonage/stream`` socket: audio in binary frames, events in text ones."""
+
+    binary_frames = True
+
+    def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
+        self._vonage = VonageStreamCodec(url_parameters=dict(websocket.query_params))
+        super().__init__(websocket, self._vonage, vonage_settings(state).call_control)
+
+    def decode(self, frame: str | bytes) -> object:
+        """Binary audio or a text event."""
+        return self._vonage.receive(frame)
+
+
+class VonageProvider(InboundOnly):
+    """Vonage Voice API websockets through an application's answer URL (inbound calls)."""
+
+    name = PROVIDER
+    media_path = MEDIA_PATH
+    capabilities = ProviderCapabilities(
+        playback_marks=True,
+        clear="clear empties Vonage's queue, answered by websocket:cleared; the notify "
+        "markers behind it are taken not to come back (docs/PROVIDERS.md §3.3)",
+        wire_format="audio/l16;rate=16000 in binary 20 ms frames; JSON text events",
+        dials_sip_uris=False,
+        outbound=False,
+    )
+
+    def routes(self) -> Sequence[BaseRoute]:
+        """The answer and event webhooks."""
+        return [
+            Route(ANSWER_PATH, vonage_answer, methods=["GET", "POST"]),
+            Route(EVENTS_PATH, vonage_events, methods=["GET", "POST"]),
+        ]
+
+    async def startup(self, state: GatewayState) -> None:
+        """Read the settings now, so a bad one stops the gateway at once."""
+        vonage_settings(state)
+
+    async def shutdown(self, state: GatewayState) -> None:
+        """Close the REST client."""
+        control = vonage_settings(state).call_control
+        if control is not None:
+            await control.aclose()
+
+    def authorize_media(self, websocket: WebSocket, state: GatewayState) -> str | None:
+        """The handshake's JWT (``authorization: vonage`` in our NCCO), when the secret
+        is set; the stream token proves the call either way."""
+        signer = vonage_settings(state).jwt
+        if signer is None:
+            return None
+        verdict = signer.verify(websocket.headers.get("authorization"), None, now_s=time.time())
+        if verdict.ok:
+            return None
+        state.metrics.signature_failures.labels("vonage_stream").inc()
+        log.warning("Vonage media socket refused: signature %s", verdict.reason)
+        return "invalid signature"
+
+    def open_leg(self, websocket: WebSocket, state: GatewayState) -> MediaLeg:
+        """A fresh codec, given the socket URL's parameters."""
+        return VonageMediaLeg(websocket, state)
+
+    def stream_params(self, started: StreamStarted, state: GatewayState) -> StreamParams:
+        """The parameters our NCCO put on the socket URL."""
+        return custom_stream_params(started, state)
+
+    def sniff(self, first_message: str | bytes) -> bool:
+        """Vonage's ``websocket:connected``."""
+        return sniff_vonage_stream(first_message)

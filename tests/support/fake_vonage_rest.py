@@ -1,0 +1,75 @@
+"""A FAKE Vonage Voice API, for tests (a test double, never shipped). It is not Vonage.
+
+:class:`FakeVonageRest` serves ``PUT /v1/calls/{uuid}`` on a loopback port as
+docs/PROVIDERS.md §3.5 describes it: an application JWT (RS256, checked against the
+public key the test gives, with its ``application_id``), ``{"action": "hangup"}``;
+``204`` when a live call was hung up, ``404`` when it is over or unknown, ``401`` for
+a token that does not verify. Calls are registered by the test; hanging one up sets
+its event. Every request is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import jwt
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tests.support.loopback_app import serve_on_loopback
+
+
+@dataclass
+class FakeVonageRest:
+    """The fake's state: the key and application it trusts, calls, requests."""
+
+    public_key_pem: str
+    application_id: str
+    calls: dict[str, asyncio.Event] = field(default_factory=dict)
+    requests: list[tuple[str, str, dict[str, object]]] = field(default_factory=list)
+    base_url: str = ""
+
+    def register_call(self, call_uuid: str) -> asyncio.Event:
+        """A live call; its event is set when it is hung up here."""
+        event = asyncio.Event()
+        self.calls[call_uuid] = event
+        return event
+
+    async def _call(self, request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            body = None
+        self.requests.append((request.method, request.url.path, body or {}))
+        token = request.headers.get("authorization", "").removeprefix("Bearer ")
+        try:
+            claims = jwt.decode(token, self.public_key_pem, algorithms=["RS256"])
+        except jwt.InvalidTokenError:
+            return JSONResponse({"title": "Unauthorized"}, 401)
+        if claims.get("application_id") != self.application_id:
+            return JSONResponse({"title": "Unauthorized"}, 401)
+        ended = self.calls.get(request.path_params["uuid"])
+        if body != {"action": "hangup"} or ended is None or ended.is_set():
+            return JSONResponse({"title": "Not Found"}, 404)
+        ended.set()
+        return Response(status_code=204)
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/v1/calls/{uuid}", self._call, methods=["PUT"])])
+
+
+@contextlib.asynccontextmanager
+async def serve_fake_vonage(
+    public_key_pem: str, application_id: str
+) -> AsyncIterator[FakeVonageRest]:
+    """Run a :class:`FakeVonageRest` on a free loopback port until the block exits."""
+    fake = FakeVonageRest(public_key_pem, application_id)
+    async with serve_on_loopback(fake.app()) as base_url:
+        fake.base_url = base_url
+        yield fake

@@ -1,0 +1,129 @@
+"""Vonage call control over the Voice API: hang up a live call.
+
+``PUT {base}/v1/calls/{uuid}`` with ``{"action": "hangup"}`` ends a call
+(docs/PROVIDERS.md §3.5; path and body as vonage-node-sdk's ``voice.hangupCall``).
+Authentication is an application JWT: RS256 with the application's private key,
+claims ``application_id``, ``iat``, ``jti`` and ``exp`` (§3.5), made per request
+with PyJWT. Transfer is not offered yet (Vonage transfers a call to a new NCCO).
+
+Failures are :class:`VonageCallControlError` with a stable ``reason``
+(``already_ended``, ``auth_failed``, ``bad_call_id``, ``not_supported``, ``timeout``,
+``network``, ``http_error``, ``closed``, ``bad_config``); the private key never
+appears in a message, a log line or ``repr``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from urllib.parse import quote, urlsplit
+
+import httpx
+import jwt
+
+from rutster.protocols.call_control import (
+    CHANNEL_COMPLETED,
+    RestCallControlError,
+)
+
+__all__ = ["VONAGE_API_BASE_URL", "VonageCallControl", "VonageCallControlError"]
+
+#: The Voice API's host (§3.5; vonage-node-sdk's default ``apiHost``).
+VONAGE_API_BASE_URL = "https://api.nexmo.com"
+#: Whole-request deadline. Seed decision, as Twilio's (trunk/twilio/call_control.py).
+DEFAULT_TIMEOUT_S = 5.0
+#: Lifetime of an application JWT (seed decision: one request's worth; Vonage's SDKs
+#: default to 15 minutes, a shorter token leaks less).
+TOKEN_TTL_S = 60
+#: A call ``uuid`` (a UUID) or application id: checked before any request.
+ID_PATTERN = re.compile(r"[A-Za-z0-9\-]{1,64}")
+_AUTH_FAILED_STATUSES = frozenset({401, 403})
+#: Vonage's answer for a call that is over (no such live call) or gone.
+_ENDED_STATUSES = frozenset({400, 404})
+
+
+class VonageCallControlError(RestCallControlError):
+    """A Vonage Voice API request failed (see the module docstring for reasons)."""
+
+
+class VonageCallControl:
+    """Hangs up Vonage calls (:class:`~protocols.call_control.ProviderCallControl`)."""
+
+    def __init__(
+        self,
+        application_id: str,
+        private_key_pem: str,
+        *,
+        base_url: str = VONAGE_API_BASE_URL,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        if not ID_PATTERN.fullmatch(application_id) or "PRIVATE KEY" not in private_key_pem:
+            raise VonageCallControlError(
+                "bad_config", "malformed application id or not a PEM private key"
+            )
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise VonageCallControlError("bad_config", "the Vonage API base URL is not http(s)")
+        self._application_id = application_id
+        self._key = private_key_pem
+        self._base = base_url.rstrip("/")
+        self._client = httpx.AsyncClient(timeout=timeout_s)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"VonageCallControl(application_id={self._application_id!r})"  # never the key
+
+    def token(self, now_s: float) -> str:
+        """An application JWT for one request (RS256)."""
+        claims = {
+            "application_id": self._application_id,
+            "iat": int(now_s),
+            "exp": int(now_s) + TOKEN_TTL_S,
+            "jti": secrets.token_hex(16),
+        }
+        return jwt.encode(claims, self._key, algorithm="RS256")
+
+    async def aclose(self) -> None:
+        """Close the HTTP client; later requests fail with ``closed``."""
+        self._closed = True
+        await self._client.aclose()
+
+    async def hang_up(self, call_id: str) -> str:
+        """End the call; ``completed``. A call already over raises ``already_ended``."""
+        if self._closed:
+            raise VonageCallControlError("closed", "the client was closed")
+        if not ID_PATTERN.fullmatch(call_id):
+            raise VonageCallControlError("bad_call_id", "malformed call uuid")
+        try:
+            token = self.token(time.time())
+        except (ValueError, TypeError, jwt.PyJWTError):
+            raise VonageCallControlError("bad_config", "the private key cannot sign") from None
+        try:
+            response = await self._client.put(
+                f"{self._base}/v1/calls/{quote(call_id)}",
+                json={"action": "hangup"},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+        except httpx.TimeoutException:
+            raise VonageCallControlError("timeout", "hang-up timed out") from None
+        except httpx.HTTPError as exc:
+            raise VonageCallControlError(
+                "network", f"hang-up failed: {type(exc).__name__}"
+            ) from None
+        status = response.status_code
+        if 200 <= status < 300:
+            return CHANNEL_COMPLETED
+        if status in _AUTH_FAILED_STATUSES:
+            raise VonageCallControlError(
+                "auth_failed", "Vonage refused the application token", status_code=status
+            )
+        if status in _ENDED_STATUSES:
+            raise VonageCallControlError("already_ended", "the call is over", status_code=status)
+        raise VonageCallControlError(
+            "http_error", f"hang-up answered HTTP {status}", status_code=status
+        )
+
+    async def transfer(self, call_id: str, destination: str) -> str:
+        """Not offered on Vonage calls yet (see the module docstring)."""
+        raise VonageCallControlError("not_supported", "transfer is not supported on Vonage calls")
