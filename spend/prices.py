@@ -129,6 +129,9 @@ PLIVO_BILLING_INCREMENT_S = TELNYX_BILLING_INCREMENT_S
 VONAGE_INBOUND_MICROS_PER_MINUTE = TELNYX_INBOUND_MICROS_PER_MINUTE
 VONAGE_OUTBOUND_MICROS_PER_MINUTE = TELNYX_OUTBOUND_MICROS_PER_MINUTE
 VONAGE_BILLING_INCREMENT_S = TELNYX_BILLING_INCREMENT_S
+#: The browser softphone (gateway/providers/phone.py): no carrier, no telephony cost
+#: (seed decision); its calls still pay for their brain.
+PHONE_MICROS_PER_MINUTE = 0
 #: Our SIP trunk, inbound, per minute (seed decision: the order of magnitude of Twilio
 #: Elastic SIP Trunking origination).
 SIP_INBOUND_MICROS_PER_MINUTE = 4_000
@@ -475,6 +478,7 @@ class PriceTable:
                 ("vonage", "outbound"): TelephonyRate(
                     VONAGE_OUTBOUND_MICROS_PER_MINUTE, VONAGE_BILLING_INCREMENT_S
                 ),
+                ("phone", "*"): TelephonyRate(PHONE_MICROS_PER_MINUTE, 1),
                 ("sip", "inbound"): TelephonyRate(
                     SIP_INBOUND_MICROS_PER_MINUTE, SIP_BILLING_INCREMENT_S
                 ),

@@ -79,17 +79,20 @@ def ensure_chromium() -> Path:
 
 
 @contextlib.asynccontextmanager
-async def launch_chromium(executable: Path | None = None) -> AsyncIterator[Browser]:
+async def launch_chromium(
+    executable: Path | None = None, extra_args: tuple[str, ...] = ()
+) -> AsyncIterator[Browser]:
     """Headless Chromium (Playwright ``Browser``) for the duration of the block.
 
     Each launch gets a fresh, throw-away user-data-dir: Playwright's ``launch()`` creates a new
     temporary profile directory per browser and deletes it on close (a ``--user-data-dir`` flag
-    of our own is refused by ``launch()``), so no state leaks between tests.
+    of our own is refused by ``launch()``), so no state leaks between tests. ``extra_args``
+    are Chromium flags a test needs besides :data:`CHROMIUM_ARGS` (a fake microphone).
     """
     path = executable if executable is not None else await asyncio.to_thread(ensure_chromium)
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(
-            executable_path=str(path), headless=True, args=list(CHROMIUM_ARGS)
+            executable_path=str(path), headless=True, args=[*CHROMIUM_ARGS, *extra_args]
         )
         try:
             yield browser

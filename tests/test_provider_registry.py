@@ -93,8 +93,8 @@ def sip_start() -> str:
 
 
 def test_the_registry_lists_every_provider() -> None:
-    assert REGISTRY.names() == ("twilio", "sip", "telnyx", "plivo", "vonage")
-    # Plivo and Vonage answer calls only: the REST API does not place calls through them yet.
+    assert REGISTRY.names() == ("twilio", "sip", "telnyx", "plivo", "vonage", "phone")
+    # Plivo, Vonage and the softphone answer calls only: the REST API places none through them.
     assert REGISTRY.outbound_names() == ("twilio", "sip", "telnyx")
     assert isinstance(REGISTRY.get("twilio"), TwilioProvider)
     assert isinstance(REGISTRY.get("sip"), SipProvider)
@@ -183,11 +183,15 @@ def test_the_app_mounts_every_providers_routes_once() -> None:
         "/vonage/answer",
         "/vonage/events",
         "/vonage/stream",
+        "/phone",
+        "/phone/calls",
+        "/phone/stream",
         AUTODETECT_MEDIA_PATH,
     ):
         assert path in paths
     media = [r for r in app.routes if isinstance(r, WebSocketRoute) and r.name.endswith("_media")]
     expected = [
+        "/phone/stream",
         "/plivo/stream",
         "/sip/stream",
         "/telnyx/stream",

@@ -12,6 +12,7 @@ unchanged; its price goes in the price table under its name (docs/SPEND.md).
 from __future__ import annotations
 
 from rutster.gateway.provider_registry import ProviderRegistry
+from rutster.gateway.providers.phone import PhoneProvider
 from rutster.gateway.providers.plivo import PlivoProvider
 from rutster.gateway.providers.sip import SipProvider
 from rutster.gateway.providers.telnyx import TelnyxProvider
@@ -25,5 +26,6 @@ REGISTRY = ProviderRegistry(
         TelnyxProvider(),
         PlivoProvider(),
         VonageProvider(),
+        PhoneProvider(),
     ]
 )

@@ -99,7 +99,10 @@ class TwilioStreamCodec:
     ``json.loads``; ``encode(PlayAudio)`` ≈ 0.3 µs.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, provider: str = PROVIDER) -> None:
+        #: ``CallContext.provider`` of the calls it starts: Twilio's, or a provider that
+        #: speaks Twilio's wire (the browser softphone, gateway/providers/phone.py).
+        self._provider = provider
         self._started = False
         self._stopped = False
         self._stream_sid: str | None = None
@@ -204,7 +207,7 @@ class TwilioStreamCodec:
             else CallDirection.INBOUND
         )
         call = CallContext(
-            provider=PROVIDER,
+            provider=self._provider,
             call_id=call_sid,
             stream_id=stream_sid,
             direction=direction,
