@@ -45,6 +45,7 @@ from schemathesis.schemas import BaseSchema
 from rutster.brains.echo import EchoBrain
 from tests.conftest import TEST_ADMIN_KEY, TEST_AUTH_TOKEN, gateway_config, serve_gateway
 from tests.conftest import spend_settings as suite_spend_settings
+from tests.support.fake_telnyx_rest import FAKE_API_KEY, serve_fake_telnyx
 from tests.support.fake_twilio_rest import CalleeBehaviour, CalleeOutcome, FakeTwilioRest
 
 #: A case of any OpenAPI operation (schemathesis' Case is generic in its operation).
@@ -126,15 +127,23 @@ async def _serve(url: Future[str], stop: asyncio.Event) -> None:
     async with (
         EchoBrain() as brain,
         FakeTwilioRest(account_sid=ACCOUNT_SID, auth_token=TEST_AUTH_TOKEN) as fake,
+        serve_fake_telnyx() as telnyx,
     ):
         # Every generated number is busy at once: calls end unanswered and settle at 0.
         fake.default_callee = CalleeBehaviour(CalleeOutcome.BUSY, ring_s=0.0)
+        # Every outbound provider is set up (Telnyx's calls ring unanswered until the
+        # gateway stops): a generated provider is never "not configured" for lack of it.
         config = gateway_config(
             brain.url,
             barge_in=False,
             spend=suite_spend_settings(api_rate_per_s=RATE_PER_S, api_burst=BURST),
             twilio_account_sid=ACCOUNT_SID,
             twilio_api_base_url=fake.base_url,
+            env={
+                "TELNYX_API_KEY": FAKE_API_KEY,
+                "TELNYX_API_BASE_URL": telnyx.base_url,
+                "TELNYX_CONNECTION_ID": "1234567890",
+            },
         )
         async with serve_gateway(config) as gateway:
             url.set_result(gateway.url)
