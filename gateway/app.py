@@ -122,7 +122,13 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
     )
     state.spend_store = store
     journal = SpendJournal(settings.journal_path)
-    gate = SpendGate(store, settings.prices, journal, policy=settings.policy, node=settings.node_id)
+    # The built-in table, completed by the providers' own rates; a price file is the whole table.
+    prices = (
+        settings.prices
+        if settings.prices_from_file
+        else settings.prices.with_telephony(state.providers.default_rates())
+    )
+    gate = SpendGate(store, prices, journal, policy=settings.policy, node=settings.node_id)
     state.spend_gate = gate
     state.metrics.spend_store_errors.set_function(lambda: gate.store_errors)
     state.api_keys = ApiKeyStore(redis, settings.redis_prefix)

@@ -25,8 +25,9 @@ Provider-specific, sans-I/O pieces (codecs, signatures, wire schemas) live in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 from starlette.routing import BaseRoute
@@ -34,6 +35,13 @@ from starlette.websockets import WebSocket
 
 from rutster.protocols.call_control import ProviderCallControl
 from rutster.protocols.ingress import StreamStarted
+from rutster.spend.prices import (
+    TWILIO_BILLING_INCREMENT_S,
+    TWILIO_MEDIA_STREAMS_MICROS_PER_MINUTE,
+    TWILIO_US_INBOUND_MICROS_PER_MINUTE,
+    TWILIO_US_OUTBOUND_MICROS_PER_MINUTE,
+    TelephonyRate,
+)
 
 if TYPE_CHECKING:
     from rutster.gateway.call import Call, CallEdge
@@ -41,6 +49,28 @@ if TYPE_CHECKING:
     from rutster.gateway.spend_context import SpendContext
     from rutster.gateway.state import GatewayState
     from rutster.spend.store import CallRecord
+
+
+#: Rates by direction (``inbound``, ``outbound`` or ``*``), per minute and increment.
+Rates = Mapping[str, TelephonyRate]
+#: No rates of a provider's own: its price is in the built-in table (``spend/prices.py``),
+#: or in the operator's price file.
+NO_RATES: Rates = MappingProxyType({})
+#: The built-in price of a CPaaS whose price list was not checked: Twilio's US rates with
+#: its Media Streams surcharge, per started minute (seed decision: a stand-in of the right
+#: order, until the operator's price file, ``RUTSTER_PRICES_FILE``, gives theirs).
+CPAAS_STAND_IN_RATES: Rates = MappingProxyType(
+    {
+        "inbound": TelephonyRate(
+            TWILIO_US_INBOUND_MICROS_PER_MINUTE + TWILIO_MEDIA_STREAMS_MICROS_PER_MINUTE,
+            TWILIO_BILLING_INCREMENT_S,
+        ),
+        "outbound": TelephonyRate(
+            TWILIO_US_OUTBOUND_MICROS_PER_MINUTE + TWILIO_MEDIA_STREAMS_MICROS_PER_MINUTE,
+            TWILIO_BILLING_INCREMENT_S,
+        ),
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +147,9 @@ class IngressProvider(Protocol):
     #: The media socket's path, served by ``gateway/media_socket.py``.
     media_path: str
     capabilities: ProviderCapabilities
+    #: Its telephony rates in the built-in price table, by direction: how a provider
+    #: brings its price with it. An operator's price file replaces them all.
+    default_rates: Rates
 
     def routes(self) -> Sequence[BaseRoute]:
         """Its endpoints other than the media socket (webhooks, control channels)."""

@@ -16,6 +16,7 @@ from starlette.websockets import WebSocket
 
 from rutster.gateway.ingress_provider import IngressProvider
 from rutster.gateway.media_socket import serve_detected_media_socket, serve_media_socket
+from rutster.spend.prices import TelephonyRate
 
 #: A provider's name: a lowercase word (it is a metrics label, a price key and a
 #: stored field), as a JSON Schema (ECMA) pattern for the REST API. Seed decision.
@@ -49,6 +50,14 @@ class ProviderRegistry:
 
     def __len__(self) -> int:
         return len(self._by_name)
+
+    def default_rates(self) -> dict[tuple[str, str], TelephonyRate]:
+        """Every provider's own rates, keyed as the price table keys them."""
+        return {
+            (provider.name, direction): rate
+            for provider in self
+            for direction, rate in provider.default_rates.items()
+        }
 
     def names(self) -> tuple[str, ...]:
         """Every provider's name, in registry order."""

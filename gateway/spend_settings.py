@@ -86,6 +86,9 @@ class SpendSettings:
     data_dir: Path = field(default_factory=lambda: Path(DEFAULT_DATA_DIR))
     admin_key: str | None = field(default=None, repr=False)
     prices: PriceTable = field(default_factory=PriceTable.default, repr=False)
+    #: ``prices`` came from ``RUTSTER_PRICES_FILE``: it is the whole table (the providers'
+    #: own rates do not fill its gaps; a provider it does not price is refused).
+    prices_from_file: bool = False
     policy: GatePolicy = field(default_factory=GatePolicy)
     default_tenant: str = DEFAULT_TENANT
     tenant_by_number: Mapping[str, str] = field(default_factory=dict)
@@ -189,6 +192,7 @@ class SpendSettings:
             data_dir=Path(env.get("RUTSTER_DATA_DIR", "").strip() or DEFAULT_DATA_DIR),
             admin_key=admin_key,
             prices=prices,
+            prices_from_file=bool(prices_file),
             policy=policy,
             default_tenant=default_tenant,
             tenant_by_number=by_number,

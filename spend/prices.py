@@ -107,31 +107,6 @@ TWILIO_US_OUTBOUND_MICROS_PER_MINUTE = 14_000
 TWILIO_MEDIA_STREAMS_MICROS_PER_MINUTE = 4_000
 #: Twilio bills voice per started minute (twilio.com/en-us/voice/pricing/us: "rounded up").
 TWILIO_BILLING_INCREMENT_S = 60
-#: Telnyx voice with media streaming, per minute, each way. Seed decision, not checked
-#: against Telnyx's price list: Twilio's US rates with its Media Streams surcharge, a
-#: stand-in until the operator's price file (docs/SPEND.md) gives their own Telnyx rates.
-TELNYX_INBOUND_MICROS_PER_MINUTE = (
-    TWILIO_US_INBOUND_MICROS_PER_MINUTE + TWILIO_MEDIA_STREAMS_MICROS_PER_MINUTE
-)
-TELNYX_OUTBOUND_MICROS_PER_MINUTE = (
-    TWILIO_US_OUTBOUND_MICROS_PER_MINUTE + TWILIO_MEDIA_STREAMS_MICROS_PER_MINUTE
-)
-#: Billing increment of that stand-in: per started minute, as Twilio's (seed decision).
-TELNYX_BILLING_INCREMENT_S = 60
-#: Plivo voice with audio streaming, per minute, each way: the same stand-in as Telnyx's
-#: (seed decision, not checked against Plivo's price list; the operator's price file
-#: gives their own).
-PLIVO_INBOUND_MICROS_PER_MINUTE = TELNYX_INBOUND_MICROS_PER_MINUTE
-PLIVO_OUTBOUND_MICROS_PER_MINUTE = TELNYX_OUTBOUND_MICROS_PER_MINUTE
-PLIVO_BILLING_INCREMENT_S = TELNYX_BILLING_INCREMENT_S
-#: Vonage voice with websockets, per minute, each way: the same stand-in (seed decision,
-#: not checked against Vonage's price list).
-VONAGE_INBOUND_MICROS_PER_MINUTE = TELNYX_INBOUND_MICROS_PER_MINUTE
-VONAGE_OUTBOUND_MICROS_PER_MINUTE = TELNYX_OUTBOUND_MICROS_PER_MINUTE
-VONAGE_BILLING_INCREMENT_S = TELNYX_BILLING_INCREMENT_S
-#: The browser softphone (gateway/providers/phone.py): no carrier, no telephony cost
-#: (seed decision); its calls still pay for their brain.
-PHONE_MICROS_PER_MINUTE = 0
 #: Our SIP trunk, inbound, per minute (seed decision: the order of magnitude of Twilio
 #: Elastic SIP Trunking origination).
 SIP_INBOUND_MICROS_PER_MINUTE = 4_000
@@ -451,6 +426,13 @@ class PriceTable:
         object.__setattr__(self, "telephony", MappingProxyType(dict(self.telephony)))
         object.__setattr__(self, "brains", MappingProxyType(brains))
 
+    def with_telephony(self, rates: Mapping[tuple[str, str], TelephonyRate]) -> PriceTable:
+        """This table, with ``rates`` for the providers it has no rate of: a provider it
+        prices in any way (even only ``*``) keeps this table's rates alone."""
+        priced = {provider for provider, _ in self.telephony}
+        added = {key: rate for key, rate in rates.items() if key[0] not in priced}
+        return PriceTable(telephony={**added, **self.telephony}, brains=dict(self.brains))
+
     @classmethod
     def default(cls) -> PriceTable:
         """The built-in rates (module constants, sources in their comments)."""
@@ -460,25 +442,6 @@ class PriceTable:
             telephony={
                 ("twilio", "inbound"): TelephonyRate(twilio_in, TWILIO_BILLING_INCREMENT_S),
                 ("twilio", "outbound"): TelephonyRate(twilio_out, TWILIO_BILLING_INCREMENT_S),
-                ("telnyx", "inbound"): TelephonyRate(
-                    TELNYX_INBOUND_MICROS_PER_MINUTE, TELNYX_BILLING_INCREMENT_S
-                ),
-                ("telnyx", "outbound"): TelephonyRate(
-                    TELNYX_OUTBOUND_MICROS_PER_MINUTE, TELNYX_BILLING_INCREMENT_S
-                ),
-                ("plivo", "inbound"): TelephonyRate(
-                    PLIVO_INBOUND_MICROS_PER_MINUTE, PLIVO_BILLING_INCREMENT_S
-                ),
-                ("plivo", "outbound"): TelephonyRate(
-                    PLIVO_OUTBOUND_MICROS_PER_MINUTE, PLIVO_BILLING_INCREMENT_S
-                ),
-                ("vonage", "inbound"): TelephonyRate(
-                    VONAGE_INBOUND_MICROS_PER_MINUTE, VONAGE_BILLING_INCREMENT_S
-                ),
-                ("vonage", "outbound"): TelephonyRate(
-                    VONAGE_OUTBOUND_MICROS_PER_MINUTE, VONAGE_BILLING_INCREMENT_S
-                ),
-                ("phone", "*"): TelephonyRate(PHONE_MICROS_PER_MINUTE, 1),
                 ("sip", "inbound"): TelephonyRate(
                     SIP_INBOUND_MICROS_PER_MINUTE, SIP_BILLING_INCREMENT_S
                 ),

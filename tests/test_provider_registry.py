@@ -29,6 +29,8 @@ from rutster.gateway.api.schemas import CREATE_CALL_SCHEMA, OUTBOUND_PROVIDERS
 from rutster.gateway.app import create_app
 from rutster.gateway.config import public_ws_url
 from rutster.gateway.ingress_provider import (
+    CPAAS_STAND_IN_RATES,
+    NO_RATES,
     DialFailed,
     MediaLeg,
     ProviderCapabilities,
@@ -214,6 +216,7 @@ class TwilioCompatibleProvider:
     webhook, and is billed under its own name: what a new CPaaS adapter looks like."""
 
     name = ACME
+    default_rates = NO_RATES  # priced by the test's own table
     media_path = "/acme/stream"
     capabilities = ProviderCapabilities(
         playback_marks=True,
@@ -412,3 +415,20 @@ async def test_each_providers_authentication_still_applies_on_the_one_url(
         await ws.send(TWILIO_CONNECTED)
         assert await close_of(ws) == (CLOSE_POLICY_VIOLATION, "invalid signature")
     assert not gateway.state.calls
+
+
+def test_a_provider_brings_its_price_and_a_price_file_overrides_it() -> None:
+    rates = REGISTRY.default_rates()
+    assert rates[("telnyx", "inbound")] == CPAAS_STAND_IN_RATES["inbound"]
+    assert rates[("phone", "*")].micros_per_minute == 0
+    assert ("twilio", "inbound") not in rates  # in the built-in table already
+    table = PriceTable.default().with_telephony(rates)
+    assert table.telephony_rate("telnyx", "outbound") == CPAAS_STAND_IN_RATES["outbound"]
+    assert table.telephony_rate("twilio", "inbound") == PriceTable.default().telephony_rate(
+        "twilio", "inbound"
+    )
+    # A provider the table prices in any way keeps the table's rates alone.
+    own = TelephonyRate(1, 1)
+    ours = PriceTable(telephony={("telnyx", "*"): own}, brains={}).with_telephony(rates)
+    assert ours.telephony_rate("telnyx", "inbound") == own
+    assert ours.telephony_rate("telnyx", "outbound") == own

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Sequence
+from types import MappingProxyType
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
@@ -40,6 +41,7 @@ from rutster.gateway.ingress_provider import (
     InboundOnly,
     MediaLeg,
     ProviderCapabilities,
+    Rates,
     StreamParams,
 )
 from rutster.gateway.phone import STATIC_DIR
@@ -48,6 +50,7 @@ from rutster.gateway.state import GatewayState
 from rutster.gateway.text_stream_leg import PARAM_TAP_URL, TextMediaLeg, custom_stream_params
 from rutster.protocols.ingress import StreamStarted
 from rutster.spend.gate import AdmissionRequest
+from rutster.spend.prices import TelephonyRate
 from rutster.trunk.twilio.codec import PARAM_DIRECTION, PARAM_FROM, PARAM_TO, TwilioStreamCodec
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,9 @@ PAGE_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
+#: Its price: no carrier carries a browser call, so no telephony cost (seed decision);
+#: the brain is paid as on any call.
+PHONE_RATES: Rates = MappingProxyType({"*": TelephonyRate(0, 1)})
 #: What the call record shows as the caller and the number called.
 CALLER = "browser"
 CALLED = "softphone"
@@ -136,6 +142,7 @@ class PhoneProvider(InboundOnly):
         dials_sip_uris=False,
         outbound=False,
     )
+    default_rates = PHONE_RATES
 
     def routes(self) -> Sequence[BaseRoute]:
         """The page, its files, and the admission endpoint."""

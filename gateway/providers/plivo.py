@@ -51,6 +51,7 @@ from rutster.gateway.admission import (
 )
 from rutster.gateway.config import public_http_url, public_ws_url
 from rutster.gateway.ingress_provider import (
+    CPAAS_STAND_IN_RATES,
     InboundOnly,
     MediaLeg,
     ProviderCapabilities,
@@ -210,6 +211,8 @@ class PlivoProvider(InboundOnly):
         dials_sip_uris=False,
         outbound=False,
     )
+    #: Not checked against its price list: the stand-in (gateway/ingress_provider.py).
+    default_rates = CPAAS_STAND_IN_RATES
 
     def routes(self) -> Sequence[BaseRoute]:
         """The answer webhook."""

@@ -36,6 +36,7 @@ from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.gateway.admission import Refused, admit_call, grant_stream
 from rutster.gateway.call import Call
 from rutster.gateway.ingress_provider import (
+    NO_RATES,
     DialFailed,
     MediaLeg,
     ProviderCapabilities,
@@ -302,6 +303,8 @@ class SipProvider:
         dials_sip_uris=True,
         outbound=True,
     )
+    #: Its rates are in the built-in price table (spend/prices.py).
+    default_rates = NO_RATES
 
     def routes(self) -> Sequence[BaseRoute]:
         """The workers' control channel."""

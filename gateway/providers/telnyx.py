@@ -61,6 +61,7 @@ from rutster.gateway.admission import (
 from rutster.gateway.call import Call
 from rutster.gateway.config import public_http_url, public_ws_url
 from rutster.gateway.ingress_provider import (
+    CPAAS_STAND_IN_RATES,
     DialFailed,
     MediaLeg,
     ProviderCapabilities,
@@ -312,6 +313,8 @@ class TelnyxProvider:
         dials_sip_uris=False,
         outbound=True,
     )
+    #: Not checked against its price list: the stand-in (gateway/ingress_provider.py).
+    default_rates = CPAAS_STAND_IN_RATES
 
     def routes(self) -> Sequence[BaseRoute]:
         """The TeXML voice webhook."""

@@ -44,6 +44,7 @@ from rutster.gateway.admission import (
 )
 from rutster.gateway.config import public_http_url, public_ws_url
 from rutster.gateway.ingress_provider import (
+    NO_RATES,
     DialFailed,
     MediaLeg,
     ProviderCapabilities,
@@ -262,6 +263,8 @@ class TwilioProvider:
         dials_sip_uris=False,
         outbound=True,
     )
+    #: Its rates are in the built-in price table (spend/prices.py).
+    default_rates = NO_RATES
 
     def routes(self) -> Sequence[BaseRoute]:
         """The voice webhook and the status callback."""

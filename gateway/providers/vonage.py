@@ -50,6 +50,7 @@ from rutster.gateway.admission import (
 )
 from rutster.gateway.config import public_ws_url
 from rutster.gateway.ingress_provider import (
+    CPAAS_STAND_IN_RATES,
     InboundOnly,
     MediaLeg,
     ProviderCapabilities,
@@ -254,6 +255,8 @@ class VonageProvider(InboundOnly):
         dials_sip_uris=False,
         outbound=False,
     )
+    #: Not checked against its price list: the stand-in (gateway/ingress_provider.py).
+    default_rates = CPAAS_STAND_IN_RATES
 
     def routes(self) -> Sequence[BaseRoute]:
         """The answer and event webhooks."""
