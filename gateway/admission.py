@@ -17,6 +17,7 @@ from rutster.base.stream_token import StreamTokenSigner
 from rutster.gateway.media_session import release_if_never_connected
 from rutster.gateway.spend_context import SpendContext
 from rutster.gateway.state import GatewayState
+from rutster.protocols.call_control import CallControlFailure, ProviderCallControl
 from rutster.spend.gate import AdmissionRequest
 from rutster.spend.store import StoreUnavailable
 
@@ -53,6 +54,27 @@ MAX_PARTY_CHARS = 64
 QUERY_BRAIN = "brain"
 #: What a refused caller hears with ``RUTSTER_REFUSAL_RESPONSE=say``.
 REFUSAL_SAY_TEXT = "Sorry, this call cannot be taken right now. Goodbye."
+#: Query parameter of a provider's webhook URL naming a call ``POST /v1/calls`` placed
+#: (``?rutster_call=call_...``): its answer belongs to that admission.
+QUERY_CALL = "rutster_call"
+#: How long a placed call may ring, then wait for its answer webhook, before it is hung
+#: up and settled at zero, where the provider's create call takes no ring timeout and
+#: sends no final status we read (Telnyx's TeXML, Vonage). Seed decision: Twilio's
+#: adapter allows 30 s of ringing plus a minute (gateway/providers/twilio.py).
+PLACED_CALL_ANSWER_WAIT_S = 90.0
+
+
+async def hang_up_quietly(
+    control: ProviderCallControl, call_id: str, provider_call_id: str
+) -> None:
+    """Best effort: hang up a placed call that never connected, so it cannot be answered
+    once its admission is released (a call already over is fine; other failures are
+    logged)."""
+    try:
+        await control.hang_up(provider_call_id)
+    except CallControlFailure as exc:
+        if exc.reason != "already_ended":
+            log.warning("call %s: could not cancel the unanswered call (%s)", call_id, exc.reason)
 
 
 def inbound_brain(state: GatewayState, query_brain: str | None, to: str) -> str | None:

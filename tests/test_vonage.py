@@ -36,6 +36,7 @@ from rutster.protocols.ingress import (
     UnknownIngressEvent,
 )
 from rutster.protocols.tap import Dtmf
+from rutster.tools.twilio_simulator import DIRECTION_OUTBOUND_API, SimulatedCallResult
 from rutster.tools.vonage_simulator import VonageSimulator, new_call_uuid
 from rutster.trunk.vonage.codec import (
     CONTENT_TYPE,
@@ -50,6 +51,7 @@ from tests.conftest import (
     eventually,
     gateway_config,
     serve_gateway,
+    tenant_key,
 )
 from tests.echo_checks import assert_echo_intact
 from tests.realtime_echo import realtime_echo
@@ -237,6 +239,20 @@ async def test_vonage_dtmf_and_the_one_media_url(speech_pcm: bytes) -> None:
 async def test_an_api_hang_up_goes_through_the_voice_api(
     echo_brain: EchoBrain, speech_pcm: bytes, tmp_path: Path
 ) -> None:
+    key_file, public = _application_key(tmp_path)
+    async with serve_fake_vonage(public, APPLICATION_ID) as fake:
+        env = {
+            ENV_SIGNATURE_SECRET: SECRET,
+            ENV_APPLICATION_ID: APPLICATION_ID,
+            ENV_PRIVATE_KEY_FILE: str(key_file),
+            ENV_API_BASE_URL: fake.base_url,
+        }
+        async with serve_gateway(gateway_config(echo_brain.url, env=env)) as gateway:
+            await _hang_up_through_the_api(gateway, fake, speech_pcm)
+
+
+def _application_key(folder: Path) -> tuple[Path, str]:
+    """A Vonage application's key pair: the private key's PEM file, the public key's PEM."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = key.private_bytes(
         serialization.Encoding.PEM,
@@ -246,16 +262,8 @@ async def test_an_api_hang_up_goes_through_the_voice_api(
     public = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    (tmp_path / "app.key").write_bytes(pem)
-    async with serve_fake_vonage(public.decode(), APPLICATION_ID) as fake:
-        env = {
-            ENV_SIGNATURE_SECRET: SECRET,
-            ENV_APPLICATION_ID: APPLICATION_ID,
-            ENV_PRIVATE_KEY_FILE: str(tmp_path / "app.key"),
-            ENV_API_BASE_URL: fake.base_url,
-        }
-        async with serve_gateway(gateway_config(echo_brain.url, env=env)) as gateway:
-            await _hang_up_through_the_api(gateway, fake, speech_pcm)
+    (folder / "app.key").write_bytes(pem)
+    return folder / "app.key", public.decode()
 
 
 async def _hang_up_through_the_api(
@@ -275,3 +283,71 @@ async def _hang_up_through_the_api(
     result = await asyncio.wait_for(placed, 10)
     assert result.hung_up_by_provider
     assert fake.requests == [("PUT", f"/v1/calls/{call_uuid}", {"action": "hangup"})]
+
+
+# ---- outbound -------------------------------------------------------------------------
+
+
+def test_the_create_call_body_is_the_vonage_sdks() -> None:
+    from vonage_voice.models.requests import CreateCallRequest
+
+    answer, events = "https://gw.example.com/vonage/answer?rutster_call=c1", "https://gw/e"
+    sdk = CreateCallRequest(
+        to=[{"type": "phone", "number": "447700900001"}],
+        from_={"type": "phone", "number": "447700900000"},
+        answer_url=[answer],
+        answer_method="GET",
+        event_url=[events],
+    ).model_dump(by_alias=True, exclude_none=True, mode="json")
+    ours = {
+        "to": [{"type": "phone", "number": "447700900001"}],
+        "from": {"type": "phone", "number": "447700900000"},
+        "answer_url": [answer],
+        "answer_method": "GET",
+        "event_url": [events],
+    }
+    assert sdk == ours
+
+
+async def test_an_outbound_vonage_call_is_placed_answered_and_echoed(
+    echo_brain: EchoBrain, speech_pcm: bytes, tmp_path: Path
+) -> None:
+    key_file, public = _application_key(tmp_path)
+    async with serve_fake_vonage(public, APPLICATION_ID) as fake:
+        env = {
+            ENV_SIGNATURE_SECRET: SECRET,
+            ENV_APPLICATION_ID: APPLICATION_ID,
+            ENV_PRIVATE_KEY_FILE: str(key_file),
+            ENV_API_BASE_URL: fake.base_url,
+        }
+        async with serve_gateway(gateway_config(echo_brain.url, env=env)) as gateway:
+            sim = VonageSimulator(gateway.url, signature_secret=SECRET)
+            heard: list[SimulatedCallResult] = []
+
+            async def callee(call_uuid: str, answer_url: str, ended: asyncio.Event) -> None:
+                heard.append(
+                    await sim.place_call(
+                        speech_pcm[: 3 * 8000 * 2],
+                        call_sid=call_uuid,
+                        webhook_url=answer_url,
+                        direction=DIRECTION_OUTBOUND_API,
+                        provider_hangup=ended,
+                        tail_s=0.8,
+                    )
+                )
+
+            fake.on_answer = callee
+            async with httpx.AsyncClient(base_url=gateway.url) as http:
+                key = await tenant_key(http, "default")
+                created = await http.post(
+                    "/v1/calls",
+                    json={"to": "+447700900001", "from": "+447700900000", "provider": "vonage"},
+                    headers={"Authorization": f"Bearer {key}"},
+                )
+                assert created.status_code == 201, created.text
+                await eventually(lambda: bool(heard), 15)
+                await eventually(lambda: not gateway.state.calls)
+    assert heard[0].media_received >= 100  # the callee heard its own voice back
+    method, path, body = fake.requests[0]
+    assert (method, path) == ("POST", "/v1/calls")
+    assert body["to"] == [{"type": "phone", "number": "447700900001"}]

@@ -48,13 +48,16 @@ from starlette.websockets import WebSocket
 from rutster.base.env_values import ConfigError, env_http_url, read_secret
 from rutster.base.stream_token import PARAM_TOKEN
 from rutster.gateway.admission import (
+    PLACED_CALL_ANSWER_WAIT_S,
     QUERY_BRAIN,
+    QUERY_CALL,
     REASON_UNKNOWN_PLACED_CALL,
     REFUSAL_SAY_TEXT,
     Refused,
     admit_call,
     answered_placed_call,
     grant_stream,
+    hang_up_quietly,
     inbound_brain,
     webhook_admission,
 )
@@ -108,13 +111,6 @@ ENV_API_KEY = "TELNYX_API_KEY"
 ENV_API_BASE_URL = "TELNYX_API_BASE_URL"
 #: The TeXML application (its connection id) outbound calls are placed through.
 ENV_CONNECTION_ID = "TELNYX_CONNECTION_ID"
-#: Query parameter of the voice URL naming a call placed through ``POST /v1/calls``.
-QUERY_CALL = "rutster_call"
-#: How long a placed call may ring, then wait for its answer webhook, before it is
-#: cancelled and settled at zero. Seed decision: Twilio's adapter allows 30 s of ringing
-#: plus a minute (gateway/providers/twilio.py); the TeXML create call takes no ring
-#: timeout and no status callback, so this watch is what ends an unanswered call.
-PLACED_CALL_ANSWER_WAIT_S = 90.0
 #: TeXML webhook fields (Twilio-style names, docs/PROVIDERS.md §2.1): the call's Call
 #: Control id, which the stream's ``start.call_control_id`` repeats and the stream
 #: token binds; and who placed the call.
@@ -379,7 +375,7 @@ class TelnyxProvider:
         except CallControlFailure as exc:
             log.warning("call %s: Telnyx refused to place it (%s)", context.call_id, exc.reason)
             raise DialFailed(f"Telnyx did not place the call ({exc.reason})") from None
-        give_up = functools.partial(_cancel_ringing, control, context.call_id, call_control_id)
+        give_up = functools.partial(hang_up_quietly, control, context.call_id, call_control_id)
         state.watch_media_connect(
             context.call_id,
             release_if_never_connected(
@@ -403,13 +399,3 @@ class TelnyxProvider:
         except CallControlFailure as exc:
             if exc.reason != "already_ended":
                 raise
-
-
-async def _cancel_ringing(control: TelnyxCallControl, call_id: str, call_control_id: str) -> None:
-    """Best effort: hang up a placed call that never connected, so it cannot be
-    answered once its admission is released."""
-    try:
-        await control.hang_up(call_control_id)
-    except CallControlFailure as exc:
-        if exc.reason != "already_ended":
-            log.warning("call %s: could not cancel the unanswered call (%s)", call_id, exc.reason)

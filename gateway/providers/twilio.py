@@ -33,6 +33,7 @@ from starlette.websockets import WebSocket
 
 from rutster.gateway.admission import (
     QUERY_BRAIN,
+    QUERY_CALL,
     REASON_UNKNOWN_PLACED_CALL,
     REFUSAL_SAY_TEXT,
     Refused,
@@ -85,9 +86,6 @@ MEDIA_PATH = "/twilio/stream"
 #: Twilio CallSids: "CA" + 32 hex digits; we accept any short token of safe
 #: characters so simulators and other Twilio-compatible providers also work.
 CALL_SID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
-#: Query parameter of the voice-webhook and status-callback URLs naming a call
-#: placed through ``POST /v1/calls``.
-QUERY_CALL = "rutster_call"
 #: Twilio's final statuses of a call that never connected, and the end reason
 #: recorded for each (twilio.com/docs/voice/api/call-resource#call-status-values).
 UNCONNECTED_STATUSES = {

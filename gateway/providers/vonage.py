@@ -19,11 +19,14 @@ hang-up); this module is the gateway adapter of the registry
 
 Hang-up goes through the Voice API (``PUT /v1/calls/{uuid}``) when
 ``VONAGE_APPLICATION_ID`` and ``VONAGE_PRIVATE_KEY_FILE`` are set; otherwise
-closing the socket ends the call. Not yet: transfer and outbound calls.
+closing the socket ends the call. With them, ``POST /v1/calls`` places Vonage calls
+(``POST /v1/calls`` of the Voice API, answer URL ``/vonage/answer?rutster_call=``).
+Not yet: transfer.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -40,27 +43,35 @@ from starlette.websockets import WebSocket
 from rutster.base.env_values import ConfigError, env_http_url, read_secret
 from rutster.base.stream_token import PARAM_TOKEN
 from rutster.gateway.admission import (
+    PLACED_CALL_ANSWER_WAIT_S,
     QUERY_BRAIN,
+    QUERY_CALL,
+    REASON_UNKNOWN_PLACED_CALL,
     REFUSAL_SAY_TEXT,
     Refused,
     admit_call,
+    answered_placed_call,
     grant_stream,
+    hang_up_quietly,
     inbound_brain,
     webhook_admission,
 )
-from rutster.gateway.config import public_ws_url
+from rutster.gateway.config import public_http_url, public_ws_url
 from rutster.gateway.ingress_provider import (
     CPAAS_STAND_IN_RATES,
-    InboundOnly,
+    DialFailed,
     MediaLeg,
     ProviderCapabilities,
     StreamParams,
 )
-from rutster.gateway.spend_context import PARAM_SPEND
+from rutster.gateway.media_session import release_if_never_connected
+from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.state import GatewayState
 from rutster.gateway.text_stream_leg import PARAM_TAP_URL, TextMediaLeg, custom_stream_params
 from rutster.gateway.webhook_forms import MAX_WEBHOOK_BODY_BYTES, read_body
+from rutster.protocols.call_control import CallControlFailure
 from rutster.protocols.ingress import StreamStarted
+from rutster.spend.store import CallRecord
 from rutster.trunk.vonage.call_control import (
     VONAGE_API_BASE_URL,
     VonageCallControl,
@@ -186,25 +197,38 @@ async def vonage_answer(request: Request) -> Response:
         state.metrics.bad_messages.labels(SOURCE_WEBHOOK, "bad_uuid").inc()
         return PlainTextResponse("missing or malformed uuid", 400)
     from_, to = fields.get("from", "")[:MAX_PARTY_CHARS], fields.get("to", "")[:MAX_PARTY_CHARS]
-    tap_url = inbound_brain(state, request.query_params.get(QUERY_BRAIN), to)
-    if tap_url is None:
-        return PlainTextResponse("brain URL not allowed", 403)
-    direction = fields.get("direction", "inbound")
-    wanted = webhook_admission(
-        state,
-        provider=PROVIDER,
-        provider_call_id=uuid,
-        from_=from_,
-        to=to,
-        direction=direction,
-        tap_url=tap_url,
-    )
-    admitted = await admit_call(state, wanted)
-    if isinstance(admitted, Refused):
-        if config.spend.refusal_response == "say":
-            return Response(talk_ncco(REFUSAL_SAY_TEXT), media_type=_JSON)
-        return Response(empty_ncco(), media_type=_JSON)
-    grant = grant_stream(state, admitted, stream_call_id=uuid, tap_url=tap_url)
+    placed = request.query_params.get(QUERY_CALL)
+    if placed is not None:
+        # A call POST /v1/calls placed, now answered: its record names this uuid.
+        found = await answered_placed_call(state, placed, uuid)
+        if isinstance(found, Refused):
+            if found.reason == REASON_UNKNOWN_PLACED_CALL:
+                state.metrics.bad_messages.labels(SOURCE_WEBHOOK, "unknown_placed_call").inc()
+            return Response(empty_ncco(), media_type=_JSON)
+        context, tap_url = found
+        direction = "outbound-api"
+    else:
+        chosen = inbound_brain(state, request.query_params.get(QUERY_BRAIN), to)
+        if chosen is None:
+            return PlainTextResponse("brain URL not allowed", 403)
+        tap_url = chosen
+        direction = fields.get("direction", "inbound")
+        wanted = webhook_admission(
+            state,
+            provider=PROVIDER,
+            provider_call_id=uuid,
+            from_=from_,
+            to=to,
+            direction=direction,
+            tap_url=tap_url,
+        )
+        admitted = await admit_call(state, wanted)
+        if isinstance(admitted, Refused):
+            if config.spend.refusal_response == "say":
+                return Response(talk_ncco(REFUSAL_SAY_TEXT), media_type=_JSON)
+            return Response(empty_ncco(), media_type=_JSON)
+        context = admitted
+    grant = grant_stream(state, context, stream_call_id=uuid, tap_url=tap_url)
     parameters = {
         "from": from_,
         "to": to,
@@ -242,7 +266,7 @@ class VonageMediaLeg(TextMediaLeg):
         return self._vonage.receive(frame)
 
 
-class VonageProvider(InboundOnly):
+class VonageProvider:
     """Vonage Voice API websockets through an application's answer URL (inbound calls)."""
 
     name = PROVIDER
@@ -253,7 +277,7 @@ class VonageProvider(InboundOnly):
         "markers behind it are taken not to come back (docs/PROVIDERS.md §3.3)",
         wire_format="audio/l16;rate=16000 in binary 20 ms frames; JSON text events",
         dials_sip_uris=False,
-        outbound=False,
+        outbound=True,
     )
     #: Not checked against its price list: the stand-in (gateway/ingress_provider.py).
     default_rates = CPAAS_STAND_IN_RATES
@@ -299,3 +323,57 @@ class VonageProvider(InboundOnly):
     def sniff(self, first_message: str | bytes) -> bool:
         """Vonage's ``websocket:connected``."""
         return sniff_vonage_stream(first_message)
+
+    def outbound_unavailable(self, state: GatewayState) -> str | None:
+        """Placing calls needs the application id and its private key."""
+        if vonage_settings(state).call_control is None:
+            return (
+                f"outbound Vonage calls need {ENV_APPLICATION_ID} and {ENV_PRIVATE_KEY_FILE} "
+                "on the gateway"
+            )
+        return None
+
+    async def dial(
+        self, state: GatewayState, context: SpendContext, *, to: str, from_: str, tap_url: str
+    ) -> str:
+        """Place the call through the Voice API; Vonage fetches our answer URL
+        (``?rutster_call=``) once it is answered. Held while it rings; hung up and
+        settled at zero if no answer comes within :data:`PLACED_CALL_ANSWER_WAIT_S`."""
+        control = vonage_settings(state).call_control
+        if control is None:
+            raise DialFailed("Vonage call control is not configured")
+        public_url = state.config.public_url
+        query = urlencode({QUERY_CALL: context.call_id})
+        try:
+            uuid = await control.create_call(
+                to=to,
+                from_=from_,
+                answer_url=public_http_url(public_url, ANSWER_PATH) + "?" + query,
+                event_url=public_http_url(public_url, EVENTS_PATH),
+            )
+        except CallControlFailure as exc:
+            log.warning("call %s: Vonage refused to place it (%s)", context.call_id, exc.reason)
+            raise DialFailed(f"Vonage did not place the call ({exc.reason})") from None
+        give_up = functools.partial(hang_up_quietly, control, context.call_id, uuid)
+        state.watch_media_connect(
+            context.call_id,
+            release_if_never_connected(
+                state,
+                context.call_id,
+                PLACED_CALL_ANSWER_WAIT_S,
+                reason="no_answer",
+                give_up=give_up,
+            ),
+        )
+        return uuid
+
+    async def cancel(self, state: GatewayState, record: CallRecord) -> None:
+        """Hang up a placed call (ringing or answered); one already over is fine."""
+        control = vonage_settings(state).call_control
+        if control is None or not record["provider_call_id"]:
+            return
+        try:
+            await control.hang_up(record["provider_call_id"])
+        except CallControlFailure as exc:
+            if exc.reason != "already_ended":
+                raise

@@ -1,15 +1,19 @@
-"""Vonage call control over the Voice API: hang up a live call.
+"""Vonage call control over the Voice API: place a call, hang one up.
 
-``PUT {base}/v1/calls/{uuid}`` with ``{"action": "hangup"}`` ends a call
-(docs/PROVIDERS.md §3.5; path and body as vonage-node-sdk's ``voice.hangupCall``).
+``POST {base}/v1/calls`` places a call: ``to`` and ``from`` phone endpoints, the
+``answer_url`` Vonage fetches the NCCO from once the callee answers and the
+``event_url``; the answer's ``uuid`` is the call's (docs/PROVIDERS.md §3.5; body as
+the vonage-voice SDK's ``CreateCallRequest`` dumps it, numbers without the ``+``).
+``PUT {base}/v1/calls/{uuid}`` with ``{"action": "hangup"}`` ends a call, ringing or
+answered (§3.5; path and body as vonage-voice's ``Voice.hangup``).
 Authentication is an application JWT: RS256 with the application's private key,
 claims ``application_id``, ``iat``, ``jti`` and ``exp`` (§3.5), made per request
 with PyJWT. Transfer is not offered yet (Vonage transfers a call to a new NCCO).
 
 Failures are :class:`VonageCallControlError` with a stable ``reason``
-(``already_ended``, ``auth_failed``, ``bad_call_id``, ``not_supported``, ``timeout``,
-``network``, ``http_error``, ``closed``, ``bad_config``); the private key never
-appears in a message, a log line or ``repr``.
+(``already_ended``, ``auth_failed``, ``bad_call_id``, ``bad_request``, ``bad_response``,
+``not_supported``, ``timeout``, ``network``, ``http_error``, ``closed``, ``bad_config``);
+the private key never appears in a message, a log line or ``repr``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ DEFAULT_TIMEOUT_S = 5.0
 TOKEN_TTL_S = 60
 #: A call ``uuid`` (a UUID) or application id: checked before any request.
 ID_PATTERN = re.compile(r"[A-Za-z0-9\-]{1,64}")
+#: E.164 (ITU-T E.164 §6): what the REST API's ``to`` and ``from`` are.
+_E164 = re.compile(r"\+[1-9][0-9]{1,14}")
+#: Longest webhook URL sent (seed decision, as Twilio's ``MAX_URL_CHARS``).
+MAX_URL_CHARS = 2048
 _AUTH_FAILED_STATUSES = frozenset({401, 403})
 #: Vonage's answer for a call that is over (no such live call) or gone.
 _ENDED_STATUSES = frozenset({400, 404})
@@ -89,39 +97,70 @@ class VonageCallControl:
         self._closed = True
         await self._client.aclose()
 
+    async def create_call(self, *, to: str, from_: str, answer_url: str, event_url: str) -> str:
+        """Place a call from ``from_`` to ``to`` (E.164); Vonage fetches ``answer_url``
+        (GET) once it is answered. Returns the call's ``uuid``."""
+        if not _E164.fullmatch(to) or not _E164.fullmatch(from_):
+            raise VonageCallControlError("bad_request", "to and from must be E.164 numbers")
+        for url in (answer_url, event_url):
+            if not url.startswith(("https://", "http://")) or len(url) > MAX_URL_CHARS:
+                raise VonageCallControlError("bad_request", "the webhook URLs must be http(s)")
+        body: dict[str, object] = {
+            "to": [{"type": "phone", "number": to.removeprefix("+")}],
+            "from": {"type": "phone", "number": from_.removeprefix("+")},
+            "answer_url": [answer_url],
+            "answer_method": "GET",
+            "event_url": [event_url],
+        }
+        response = await self._request("POST", "/v1/calls", body, "dial")
+        try:
+            created = response.json()
+        except ValueError:
+            created = None
+        uuid = created.get("uuid") if isinstance(created, dict) else None
+        if not isinstance(uuid, str) or not ID_PATTERN.fullmatch(uuid):
+            raise VonageCallControlError(
+                "bad_response", "the created call has no uuid", status_code=response.status_code
+            )
+        return uuid
+
     async def hang_up(self, call_id: str) -> str:
         """End the call; ``completed``. A call already over raises ``already_ended``."""
-        if self._closed:
-            raise VonageCallControlError("closed", "the client was closed")
         if not ID_PATTERN.fullmatch(call_id):
             raise VonageCallControlError("bad_call_id", "malformed call uuid")
+        await self._request("PUT", f"/v1/calls/{quote(call_id)}", {"action": "hangup"}, "hang-up")
+        return CHANNEL_COMPLETED
+
+    async def _request(
+        self, method: str, path: str, body: dict[str, object], what: str
+    ) -> httpx.Response:
+        if self._closed:
+            raise VonageCallControlError("closed", "the client was closed")
         try:
             token = self.token(time.time())
         except (ValueError, TypeError, jwt.PyJWTError):
             raise VonageCallControlError("bad_config", "the private key cannot sign") from None
         try:
-            response = await self._client.put(
-                f"{self._base}/v1/calls/{quote(call_id)}",
-                json={"action": "hangup"},
-                headers={"Authorization": f"Bearer {token}"},
+            response = await self._client.request(
+                method, self._base + path, json=body, headers={"Authorization": f"Bearer {token}"}
             )
         except httpx.TimeoutException:
-            raise VonageCallControlError("timeout", "hang-up timed out") from None
+            raise VonageCallControlError("timeout", f"{what} timed out") from None
         except httpx.HTTPError as exc:
             raise VonageCallControlError(
-                "network", f"hang-up failed: {type(exc).__name__}"
+                "network", f"{what} failed: {type(exc).__name__}"
             ) from None
         status = response.status_code
         if 200 <= status < 300:
-            return CHANNEL_COMPLETED
+            return response
         if status in _AUTH_FAILED_STATUSES:
             raise VonageCallControlError(
                 "auth_failed", "Vonage refused the application token", status_code=status
             )
-        if status in _ENDED_STATUSES:
+        if status in _ENDED_STATUSES and what == "hang-up":
             raise VonageCallControlError("already_ended", "the call is over", status_code=status)
         raise VonageCallControlError(
-            "http_error", f"hang-up answered HTTP {status}", status_code=status
+            "http_error", f"{what} answered HTTP {status}", status_code=status
         )
 
     async def transfer(self, call_id: str, destination: str) -> str:
