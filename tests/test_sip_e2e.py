@@ -26,14 +26,14 @@ from rutster.protocols.tap import (
     TapEncoder,
     ToolsUpdate,
 )
-from rutster.protocols.tool_catalog import HANGUP_TOOL, TRANSFER_TOOL
+from rutster.protocols.tool_catalog import HANGUP_TOOL
 from rutster.tools.launcher import free_port
 from rutster.tools.sip_load_generator import analyse_echo
 from rutster.tools.sip_peer import SipPeerProcess
 from tests.conftest import TEST_ADMIN_KEY, eventually
 from tests.realtime_echo import check_sip_echo, realtime_echo
 from tests.sip_stack import sip_stack, speech_16k
-from tests.support.recording_brain import RecordingBrain
+from tests.support.recording_brain import RecordingBrain, TransferBrain
 
 SPEECH = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
@@ -222,23 +222,6 @@ async def test_refused_admission_gets_the_sip_failure_code(refusal: str, code: i
     assert call.sip_code == code
     assert not call.answered
     assert not brain.of_type(Hello)
-
-
-class TransferBrain(RecordingBrain):
-    """Offers the transfer tool and transfers the caller when they press 0."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.destination = ""
-
-    async def respond(self, ws: ServerConnection, encoder: TapEncoder, event: object) -> None:
-        if isinstance(event, Hello):
-            await ws.send(encoder.encode(ToolsUpdate((TRANSFER_TOOL,)), 0.0))
-        elif isinstance(event, Dtmf) and event.digit == "0":
-            call = FunctionCall("xfer1", "transfer", {"destination": self.destination})
-            await ws.send(encoder.encode(call, 0.0))
-        else:
-            await super().respond(ws, encoder, event)
 
 
 async def test_brain_transfer_tool_refers_the_caller_to_another_line() -> None:

@@ -17,7 +17,9 @@ from rutster.gateway.providers.telnyx import (
     ENV_CONNECTION_ID,
     ENV_PUBLIC_KEY,
 )
+from rutster.gateway.transfer_allowlist import TransferAllowlist
 from rutster.protocols.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRING
+from rutster.protocols.tap import FunctionCallOutput, SessionEnd, SessionEndReason
 from rutster.tools.launcher import LOOPBACK, free_port
 from rutster.tools.telnyx_simulator import TelnyxSimulator, new_call_control_id
 from rutster.tools.twilio_simulator import DIRECTION_OUTBOUND_API, SimulatedCallResult
@@ -25,6 +27,7 @@ from rutster.trunk.telnyx.call_control import TelnyxCallControl, TelnyxCallContr
 from rutster.trunk.telnyx.signature import TelnyxWebhookSigner
 from tests.conftest import TEST_ADMIN_KEY, eventually, gateway_config, serve_gateway, tenant_key
 from tests.support.fake_telnyx_rest import FAKE_API_KEY, FakeTelnyxRest, serve_fake_telnyx
+from tests.support.recording_brain import TransferBrain
 
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
 
@@ -276,3 +279,39 @@ async def test_without_a_connection_id_the_api_says_telnyx_is_not_set_up(
         )
     assert refused.status_code == 409 and ENV_CONNECTION_ID in refused.text, refused.text
     assert fake.requests == []
+
+
+async def test_the_brains_transfer_of_a_telnyx_call_goes_through_call_control(
+    fake: FakeTelnyxRest, speech_pcm: bytes
+) -> None:
+    signer = TelnyxSimulator.new_signer()
+    async with TransferBrain() as brain:
+        brain.destination = "+15551234567"
+        config = gateway_config(
+            brain.url,
+            env=telnyx_env(signer, fake),
+            transfer_allowlist=TransferAllowlist.parse("+15551234567"),
+        )
+        async with serve_gateway(config) as gateway:
+            call_control_id = new_call_control_id()
+            transferred = fake.register_call(call_control_id)
+            result = await TelnyxSimulator(gateway.url, signer=signer).place_call(
+                speech_pcm,
+                call_sid=call_control_id,
+                dtmf=[(1.0, "0")],
+                provider_hangup=transferred,
+                tail_s=3.0,
+            )
+            await eventually(lambda: not gateway.state.calls, 10)
+            await eventually(lambda: bool(brain.of_type(SessionEnd)), 5)
+    assert result.hung_up_by_provider  # Telnyx took the call away from us
+    transfer = next(r for r in fake.requests if r.path.endswith("/actions/transfer"))
+    assert transfer.path == f"/v2/calls/{call_control_id}/actions/transfer"
+    assert transfer.body["to"] == "+15551234567"
+    outputs = [e for e in brain.events if isinstance(e, FunctionCallOutput)]
+    assert (
+        outputs and outputs[0].status == "ok" and outputs[0].result == {"channel": "transferring"}
+    )
+    session_end = brain.of_type(SessionEnd)[0]
+    assert isinstance(session_end, SessionEnd)
+    assert session_end.reason is SessionEndReason.TRANSFERRED

@@ -24,6 +24,7 @@ from rutster.gateway.providers.vonage import (
     ENV_PRIVATE_KEY_FILE,
     ENV_SIGNATURE_SECRET,
 )
+from rutster.gateway.transfer_allowlist import TransferAllowlist
 from rutster.protocols.ingress import (
     AudioReceived,
     ClearPlayback,
@@ -57,7 +58,7 @@ from tests.echo_checks import assert_echo_intact
 from tests.realtime_echo import realtime_echo
 from tests.support.call_records import settled_record
 from tests.support.fake_vonage_rest import FakeVonageRest, serve_fake_vonage
-from tests.support.recording_brain import RecordingBrain
+from tests.support.recording_brain import RecordingBrain, TransferBrain
 
 SECRET = "vonage-signature-secret-0123456789"
 APPLICATION_ID = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
@@ -351,3 +352,69 @@ async def test_an_outbound_vonage_call_is_placed_answered_and_echoed(
     method, path, body = fake.requests[0]
     assert (method, path) == ("POST", "/v1/calls")
     assert body["to"] == [{"type": "phone", "number": "447700900001"}]
+
+
+# ---- transfer -------------------------------------------------------------------------
+
+
+def test_the_transfer_body_is_the_vonage_sdks() -> None:
+    from vonage_voice.models.connect_endpoints import PhoneEndpoint
+    from vonage_voice.models.ncco import Connect
+
+    sdk_ncco = Connect(endpoint=[PhoneEndpoint(number="447700900009")], from_="447700900000")
+    sdk = {
+        "action": "transfer",
+        "destination": {
+            "type": "ncco",
+            "ncco": [sdk_ncco.model_dump(by_alias=True, exclude_none=True, mode="json")],
+        },
+    }
+    ours = {
+        "action": "transfer",
+        "destination": {
+            "type": "ncco",
+            "ncco": [
+                {
+                    "action": "connect",
+                    "endpoint": [{"type": "phone", "number": "447700900009"}],
+                    "from": "447700900000",
+                }
+            ],
+        },
+    }
+    assert sdk == ours
+
+
+async def test_the_brains_transfer_of_a_vonage_call_goes_through_the_voice_api(
+    speech_pcm: bytes, tmp_path: Path
+) -> None:
+    key_file, public = _application_key(tmp_path)
+    async with serve_fake_vonage(public, APPLICATION_ID) as fake, TransferBrain() as brain:
+        brain.destination = "+447700900009"
+        env = {
+            ENV_SIGNATURE_SECRET: SECRET,
+            ENV_APPLICATION_ID: APPLICATION_ID,
+            ENV_PRIVATE_KEY_FILE: str(key_file),
+            ENV_API_BASE_URL: fake.base_url,
+        }
+        config = gateway_config(
+            brain.url, env=env, transfer_allowlist=TransferAllowlist.parse("+447700900009")
+        )
+        async with serve_gateway(config) as gateway:
+            call_uuid = new_call_uuid()
+            moved = fake.register_call(call_uuid)
+            result = await VonageSimulator(gateway.url, signature_secret=SECRET).place_call(
+                speech_pcm,
+                call_sid=call_uuid,
+                to="+447700900000",
+                dtmf=[(1.0, "0")],
+                provider_hangup=moved,
+                tail_s=3.0,
+            )
+            await eventually(lambda: not gateway.state.calls, 10)
+    assert result.hung_up_by_provider  # Vonage moved the call away from our socket
+    method, path, body = fake.requests[0]
+    assert (method, path) == ("PUT", f"/v1/calls/{call_uuid}")
+    connect = body["destination"]["ncco"][0]  # type: ignore[index]
+    assert connect["endpoint"] == [{"type": "phone", "number": "447700900009"}]
+    assert connect["from"] == "447700900000"  # the number the caller dialled

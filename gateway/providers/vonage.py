@@ -259,11 +259,27 @@ class VonageMediaLeg(TextMediaLeg):
 
     def __init__(self, websocket: WebSocket, state: GatewayState) -> None:
         self._vonage = VonageStreamCodec(url_parameters=dict(websocket.query_params))
-        super().__init__(websocket, self._vonage, vonage_settings(state).call_control)
+        self._vonage_control = vonage_settings(state).call_control
+        self._call_uuid: str | None = None
+        super().__init__(websocket, self._vonage, self._vonage_control)
 
     def decode(self, frame: str | bytes) -> object:
-        """Binary audio or a text event."""
-        return self._vonage.receive(frame)
+        """Binary audio or a text event; the stream's start tells call control the call's
+        number of ours (a transfer presents it as the caller ID)."""
+        event = self._vonage.receive(frame)
+        control = self._vonage_control
+        if isinstance(event, StreamStarted) and control is not None:
+            params = event.custom_parameters
+            outbound = params.get(PARAM_DIRECTION, "").startswith("outbound")
+            own = params.get("from" if outbound else "to", "")
+            self._call_uuid = event.call.call_id
+            control.remember_number(self._call_uuid, own)
+        return event
+
+    def detach(self, context: SpendContext) -> None:
+        """The call is over: call control forgets its number."""
+        if self._vonage_control is not None and self._call_uuid is not None:
+            self._vonage_control.forget_number(self._call_uuid)
 
 
 class VonageProvider:

@@ -6,8 +6,8 @@ test gives, and its ``application_id``; ``401`` otherwise):
 
 - ``POST /v1/calls``: place a call; a ``uuid`` comes back, and
   :attr:`FakeVonageRest.on_answer`, when set, plays the callee;
-- ``PUT /v1/calls/{uuid}`` with ``{"action": "hangup"}``: ``204`` when a live call was
-  hung up, ``404`` when it is over or unknown.
+- ``PUT /v1/calls/{uuid}`` with ``{"action": "hangup"}`` or ``"transfer"``: ``204`` when
+  a live call was hung up or moved away, ``404`` when it is over or unknown.
 
 Calls are registered by the test (or created); hanging one up sets its event. Every
 request is recorded.
@@ -88,7 +88,8 @@ class FakeVonageRest:
         if not self._authorized(request):
             return JSONResponse({"title": "Unauthorized"}, 401)
         ended = self.calls.get(request.path_params["uuid"])
-        if body != {"action": "hangup"} or ended is None or ended.is_set():
+        action = body.get("action") if isinstance(body, dict) else None
+        if action not in ("hangup", "transfer") or ended is None or ended.is_set():
             return JSONResponse({"title": "Not Found"}, 404)
         ended.set()
         return Response(status_code=204)

@@ -12,7 +12,18 @@ from typing import Self
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from rutster.protocols.tap import AudioIn, AudioOut, Direction, TapDecoder, TapEncoder
+from rutster.protocols.tap import (
+    AudioIn,
+    AudioOut,
+    Direction,
+    Dtmf,
+    FunctionCall,
+    Hello,
+    TapDecoder,
+    TapEncoder,
+    ToolsUpdate,
+)
+from rutster.protocols.tool_catalog import TRANSFER_TOOL
 
 
 class RecordingBrain:
@@ -57,3 +68,20 @@ class RecordingBrain:
 
     def of_type(self, kind: type) -> list[object]:
         return [e for e in self.events if isinstance(e, kind)]
+
+
+class TransferBrain(RecordingBrain):
+    """Offers the transfer tool and transfers the caller to ``destination`` when they press 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.destination = ""
+
+    async def respond(self, ws: ServerConnection, encoder: TapEncoder, event: object) -> None:
+        if isinstance(event, Hello):
+            await ws.send(encoder.encode(ToolsUpdate((TRANSFER_TOOL,)), 0.0))
+        elif isinstance(event, Dtmf) and event.digit == "0":
+            call = FunctionCall("xfer1", "transfer", {"destination": self.destination})
+            await ws.send(encoder.encode(call, 0.0))
+        else:
+            await super().respond(ws, encoder, event)

@@ -1,18 +1,20 @@
-"""Vonage call control over the Voice API: place a call, hang one up.
+"""Vonage call control over the Voice API: place a call, hang one up, transfer one.
 
 ``POST {base}/v1/calls`` places a call: ``to`` and ``from`` phone endpoints, the
 ``answer_url`` Vonage fetches the NCCO from once the callee answers and the
 ``event_url``; the answer's ``uuid`` is the call's (docs/PROVIDERS.md §3.5; body as
 the vonage-voice SDK's ``CreateCallRequest`` dumps it, numbers without the ``+``).
 ``PUT {base}/v1/calls/{uuid}`` with ``{"action": "hangup"}`` ends a call, ringing or
-answered (§3.5; path and body as vonage-voice's ``Voice.hangup``).
+answered (§3.5; path and body as vonage-voice's ``Voice.hangup``), and with
+``{"action": "transfer", "destination": {"type": "ncco", "ncco": [...]}}`` moves it to
+an NCCO ``connect`` to the destination (vonage-voice's ``transfer_call_ncco``).
 Authentication is an application JWT: RS256 with the application's private key,
 claims ``application_id``, ``iat``, ``jti`` and ``exp`` (§3.5), made per request
-with PyJWT. Transfer is not offered yet (Vonage transfers a call to a new NCCO).
+with PyJWT.
 
 Failures are :class:`VonageCallControlError` with a stable ``reason``
 (``already_ended``, ``auth_failed``, ``bad_call_id``, ``bad_request``, ``bad_response``,
-``not_supported``, ``timeout``, ``network``, ``http_error``, ``closed``, ``bad_config``);
+``bad_destination``, ``timeout``, ``network``, ``http_error``, ``closed``, ``bad_config``);
 the private key never appears in a message, a log line or ``repr``.
 """
 
@@ -28,6 +30,7 @@ import jwt
 
 from rutster.protocols.call_control import (
     CHANNEL_COMPLETED,
+    CHANNEL_TRANSFERRING,
     RestCallControlError,
 )
 
@@ -44,6 +47,9 @@ TOKEN_TTL_S = 60
 ID_PATTERN = re.compile(r"[A-Za-z0-9\-]{1,64}")
 #: E.164 (ITU-T E.164 §6): what the REST API's ``to`` and ``from`` are.
 _E164 = re.compile(r"\+[1-9][0-9]{1,14}")
+#: A SIP URI (RFC 3261 §19.1) of characters a URI carries unescaped (the transfer
+#: allowlist has already passed it).
+_SIP_URI = re.compile(r"sips?:[A-Za-z0-9\-_.!~*'()%&=+$,;?/:@\[\]]{1,256}")
 #: Longest webhook URL sent (seed decision, as Twilio's ``MAX_URL_CHARS``).
 MAX_URL_CHARS = 2048
 _AUTH_FAILED_STATUSES = frozenset({401, 403})
@@ -78,6 +84,7 @@ class VonageCallControl:
         self._base = base_url.rstrip("/")
         self._client = httpx.AsyncClient(timeout=timeout_s)
         self._closed = False
+        self._own_numbers: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"VonageCallControl(application_id={self._application_id!r})"  # never the key
@@ -163,6 +170,35 @@ class VonageCallControl:
             "http_error", f"{what} answered HTTP {status}", status_code=status
         )
 
+    def remember_number(self, call_id: str, own_number: str) -> None:
+        """The call's number of ours (the caller ID a transfer presents), while it lasts."""
+        self._own_numbers[call_id] = own_number.removeprefix("+")
+
+    def forget_number(self, call_id: str) -> None:
+        """The call is over."""
+        self._own_numbers.pop(call_id, None)
+
     async def transfer(self, call_id: str, destination: str) -> str:
-        """Not offered on Vonage calls yet (see the module docstring)."""
-        raise VonageCallControlError("not_supported", "transfer is not supported on Vonage calls")
+        """Connect the caller to ``destination`` (E.164 or a SIP URI): the call is moved
+        to an NCCO ``connect`` (vonage-voice's ``transfer_call_ncco``), presenting the
+        call's number of ours as the caller ID when known; ``transferring``."""
+        if not ID_PATTERN.fullmatch(call_id):
+            raise VonageCallControlError("bad_call_id", "malformed call uuid")
+        if _E164.fullmatch(destination):
+            endpoint: dict[str, str] = {"type": "phone", "number": destination.removeprefix("+")}
+        elif _SIP_URI.fullmatch(destination):
+            endpoint = {"type": "sip", "uri": destination}
+        else:
+            raise VonageCallControlError(
+                "bad_destination", "the destination is neither E.164 nor a SIP URI"
+            )
+        connect: dict[str, object] = {"action": "connect", "endpoint": [endpoint]}
+        own = self._own_numbers.get(call_id)
+        if own:
+            connect["from"] = own
+        body: dict[str, object] = {
+            "action": "transfer",
+            "destination": {"type": "ncco", "ncco": [connect]},
+        }
+        await self._request("PUT", f"/v1/calls/{quote(call_id)}", body, "transfer")
+        return CHANNEL_TRANSFERRING
