@@ -28,16 +28,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import schemathesis
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from schemathesis import Case as GenericCase
 from schemathesis import CheckContext, Response
 from schemathesis.schemas import BaseSchema
@@ -45,13 +49,16 @@ from schemathesis.schemas import BaseSchema
 from rutster.brains.echo import EchoBrain
 from tests.conftest import TEST_ADMIN_KEY, TEST_AUTH_TOKEN, gateway_config, serve_gateway
 from tests.conftest import spend_settings as suite_spend_settings
+from tests.support.fake_plivo_rest import FAKE_AUTH_ID, FAKE_AUTH_TOKEN, serve_fake_plivo
 from tests.support.fake_telnyx_rest import FAKE_API_KEY, serve_fake_telnyx
 from tests.support.fake_twilio_rest import CalleeBehaviour, CalleeOutcome, FakeTwilioRest
+from tests.support.fake_vonage_rest import serve_fake_vonage
 
 #: A case of any OpenAPI operation (schemathesis' Case is generic in its operation).
 Case = GenericCase[Any]
 
 ACCOUNT_SID = "AC" + "c0" * 16
+VONAGE_APPLICATION_ID = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
 #: The tenant whose key the tenant run uses (long, so generated tenant ids rarely hit it).
 TENANT = "contract-tenant-7f3a"
 #: Generated cases per operation and phase (schemathesis' ``max-examples``; its default
@@ -123,31 +130,58 @@ class LiveGateway:
         self.answers[(case.operation.definition.raw["operationId"], status)] += 1
 
 
-async def _serve(url: Future[str], stop: asyncio.Event) -> None:
-    async with (
-        EchoBrain() as brain,
-        FakeTwilioRest(account_sid=ACCOUNT_SID, auth_token=TEST_AUTH_TOKEN) as fake,
-        serve_fake_telnyx() as telnyx,
-    ):
-        # Every generated number is busy at once: calls end unanswered and settle at 0.
-        fake.default_callee = CalleeBehaviour(CalleeOutcome.BUSY, ring_s=0.0)
-        # Every outbound provider is set up (Telnyx's calls ring unanswered until the
-        # gateway stops): a generated provider is never "not configured" for lack of it.
-        config = gateway_config(
-            brain.url,
-            barge_in=False,
-            spend=suite_spend_settings(api_rate_per_s=RATE_PER_S, api_burst=BURST),
-            twilio_account_sid=ACCOUNT_SID,
-            twilio_api_base_url=fake.base_url,
-            env={
-                "TELNYX_API_KEY": FAKE_API_KEY,
-                "TELNYX_API_BASE_URL": telnyx.base_url,
-                "TELNYX_CONNECTION_ID": "1234567890",
-            },
+def _vonage_key(folder: Path) -> tuple[str, str]:
+    """A Vonage application key pair: writes the private key, returns the public PEM and
+    the application id the fake trusts."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (folder / "app.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
         )
-        async with serve_gateway(config) as gateway:
-            url.set_result(gateway.url)
-            await stop.wait()
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return public.decode(), VONAGE_APPLICATION_ID
+
+
+async def _serve(url: Future[str], stop: asyncio.Event) -> None:
+    with tempfile.TemporaryDirectory(prefix="rutster-vonage-") as folder:
+        key_dir = Path(folder)
+        async with (
+            EchoBrain() as brain,
+            FakeTwilioRest(account_sid=ACCOUNT_SID, auth_token=TEST_AUTH_TOKEN) as fake,
+            serve_fake_telnyx() as telnyx,
+            serve_fake_plivo() as plivo,
+            serve_fake_vonage(*_vonage_key(key_dir)) as vonage,
+        ):
+            # Every generated number is busy at once: calls end unanswered and settle at 0.
+            fake.default_callee = CalleeBehaviour(CalleeOutcome.BUSY, ring_s=0.0)
+            # Every outbound provider is set up (the others' calls ring unanswered until the
+            # gateway stops): a generated provider is never "not configured" for lack of it.
+            config = gateway_config(
+                brain.url,
+                barge_in=False,
+                spend=suite_spend_settings(api_rate_per_s=RATE_PER_S, api_burst=BURST),
+                twilio_account_sid=ACCOUNT_SID,
+                twilio_api_base_url=fake.base_url,
+                env={
+                    "TELNYX_API_KEY": FAKE_API_KEY,
+                    "TELNYX_API_BASE_URL": telnyx.base_url,
+                    "TELNYX_CONNECTION_ID": "1234567890",
+                    "PLIVO_AUTH_ID": FAKE_AUTH_ID,
+                    "PLIVO_AUTH_TOKEN": FAKE_AUTH_TOKEN,
+                    "PLIVO_API_BASE_URL": plivo.base_url,
+                    "VONAGE_APPLICATION_ID": VONAGE_APPLICATION_ID,
+                    "VONAGE_PRIVATE_KEY_FILE": str(key_dir / "app.key"),
+                    "VONAGE_API_BASE_URL": vonage.base_url,
+                },
+            )
+            async with serve_gateway(config) as gateway:
+                url.set_result(gateway.url)
+                await stop.wait()
 
 
 @contextlib.contextmanager

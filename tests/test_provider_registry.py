@@ -96,8 +96,8 @@ def sip_start() -> str:
 
 def test_the_registry_lists_every_provider() -> None:
     assert REGISTRY.names() == ("twilio", "sip", "telnyx", "plivo", "vonage", "phone")
-    # Plivo and the softphone answer calls only: the REST API places none through them.
-    assert REGISTRY.outbound_names() == ("twilio", "sip", "telnyx", "vonage")
+    # The softphone answers calls only: the REST API places none through it.
+    assert REGISTRY.outbound_names() == ("twilio", "sip", "telnyx", "plivo", "vonage")
     assert isinstance(REGISTRY.get("twilio"), TwilioProvider)
     assert isinstance(REGISTRY.get("sip"), SipProvider)
     assert isinstance(REGISTRY.get("telnyx"), TelnyxProvider)
@@ -181,6 +181,7 @@ def test_the_app_mounts_every_providers_routes_once() -> None:
         "/telnyx/voice",
         "/telnyx/stream",
         "/plivo/answer",
+        "/plivo/transfer",
         "/plivo/stream",
         "/vonage/answer",
         "/vonage/events",

@@ -58,6 +58,8 @@ class PlivoSimulator(TwilioSimulator):
     def __init__(self, public_url: str, *, auth_token: str | None = None) -> None:
         super().__init__(public_url, account_sid="MA" + secrets.token_hex(9).upper())
         self.signature = PlivoSignatureV3(auth_token) if auth_token else None
+        #: ``CallUUID`` → the ``request_uuid`` that placed it (outbound calls).
+        self.request_uuids: dict[str, str] = {}
 
     def voice_url(self, query: str = "") -> str:
         """The gateway's answer URL, with ``query`` (as configured on the application)."""
@@ -76,6 +78,9 @@ class PlivoSimulator(TwilioSimulator):
             "Direction": "inbound" if direction == "inbound" else "outbound",
             "CallStatus": WEBHOOK_CALL_STATUS[direction],
         }
+        request_uuid = self.request_uuids.get(call_sid)
+        if request_uuid is not None:  # a call placed over REST names the request
+            fields["RequestUUID"] = request_uuid
         headers = {"content-type": "application/x-www-form-urlencoded"}
         if self.signature is not None:
             nonce = str(int(time.time() * 1000)) + secrets.token_hex(4)

@@ -1,30 +1,46 @@
-"""Plivo call control over its REST API: hang up a live call.
+"""Plivo call control over its REST API: place a call, hang one up, transfer one.
 
-``DELETE {base}/v1/Account/{auth_id}/Call/{call_uuid}/`` ends a call: ``204`` when it
-did, ``404`` when the call is already over (docs/PROVIDERS.md §4.4; path as
-plivo-python's ``calls.delete``). HTTP Basic ``auth_id:auth_token``. Transfer is
-not offered: Plivo's transfer redirects the call to a URL serving new XML (§4.4),
-which rutster does not serve yet.
+HTTP Basic ``auth_id:auth_token``, JSON bodies, paths and fields as plivo-python's
+``calls`` resource sends them (docs/PROVIDERS.md §4.4):
+
+- ``POST {base}/v1/Account/{auth_id}/Call/`` with ``from``, ``to``, ``answer_url`` and
+  ``answer_method`` places a call (``calls.create``); the answer's ``request_uuid``
+  names the request, and Plivo's answer webhook for it carries the call's own
+  ``CallUUID``;
+- ``DELETE {base}/v1/Account/{auth_id}/Call/{call_uuid}/`` ends a call: ``204`` when it
+  did, ``404`` when the call is already over (``calls.delete``);
+- ``POST {base}/v1/Account/{auth_id}/Call/{call_uuid}/`` with ``legs: "aleg"`` and an
+  ``aleg_url`` transfers the caller: Plivo fetches new XML (a ``<Dial>``) from that
+  URL (``calls.transfer``). The gateway serves that XML (``/plivo/transfer``); this
+  client is given how to make its URL.
 
 Failures are :class:`PlivoCallControlError` with a stable ``reason``
-(``already_ended``, ``auth_failed``, ``bad_call_id``, ``not_supported``,
-``timeout``, ``network``, ``http_error``, ``closed``, ``bad_config``); the auth
-token never appears in a message, a log line or ``repr``.
+(``already_ended``, ``auth_failed``, ``bad_call_id``, ``bad_destination``,
+``bad_request``, ``bad_response``, ``timeout``, ``network``, ``http_error``,
+``closed``, ``bad_config``); the auth token never appears in a message, a log line
+or ``repr``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from urllib.parse import quote, urlsplit
 
 import httpx
 
 from rutster.protocols.call_control import (
     CHANNEL_COMPLETED,
+    CHANNEL_TRANSFERRING,
     RestCallControlError,
 )
 
-__all__ = ["PLIVO_API_BASE_URL", "PlivoCallControl", "PlivoCallControlError"]
+__all__ = [
+    "PLIVO_API_BASE_URL",
+    "PlivoCallControl",
+    "PlivoCallControlError",
+    "is_transfer_destination",
+]
 
 #: Plivo's API host (plivo-python ``PLIVO_API``, ``API_VOICE``).
 PLIVO_API_BASE_URL = "https://api.plivo.com"
@@ -33,8 +49,19 @@ DEFAULT_TIMEOUT_S = 5.0
 #: A Plivo ``CallUUID`` (a UUID) or account ``auth_id`` (``MA``/``SA`` + 18 characters):
 #: checked before any request so nothing else reaches the URL path.
 ID_PATTERN = re.compile(r"[A-Za-z0-9\-]{1,64}")
+#: E.164 (ITU-T E.164 §6) and a SIP URI (RFC 3261 §19.1) of characters a URI carries
+#: unescaped: what a call's ``to``/``from`` and a transfer's destination may be.
+_E164 = re.compile(r"\+[1-9][0-9]{1,14}")
+_SIP_URI = re.compile(r"sips?:[A-Za-z0-9\-_.!~*'()%&=+$,;?/:@\[\]]{1,256}")
+#: Longest URL sent (seed decision, as Twilio's ``MAX_URL_CHARS``).
+MAX_URL_CHARS = 2048
 _AUTH_FAILED_STATUSES = frozenset({401, 403})
 _HTTP_NOT_FOUND = 404
+
+
+def is_transfer_destination(destination: str) -> bool:
+    """Whether ``destination`` is an E.164 number or a SIP URI."""
+    return bool(_E164.fullmatch(destination) or _SIP_URI.fullmatch(destination))
 
 
 class PlivoCallControlError(RestCallControlError):
@@ -42,7 +69,11 @@ class PlivoCallControlError(RestCallControlError):
 
 
 class PlivoCallControl:
-    """Hangs up Plivo calls (:class:`~protocols.call_control.ProviderCallControl`)."""
+    """Places, hangs up and transfers Plivo calls (``ProviderCallControl``).
+
+    ``transfer_url(destination)``: the URL of the gateway's ``<Dial>`` XML for a
+    transfer (None: transfer is not offered).
+    """
 
     def __init__(
         self,
@@ -50,6 +81,7 @@ class PlivoCallControl:
         auth_token: str,
         *,
         base_url: str = PLIVO_API_BASE_URL,
+        transfer_url: Callable[[str], str] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if not ID_PATTERN.fullmatch(auth_id) or not auth_token:
@@ -58,6 +90,7 @@ class PlivoCallControl:
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise PlivoCallControlError("bad_config", "the Plivo API base URL is not http(s)")
         self._account = f"{base_url.rstrip('/')}/v1/Account/{auth_id}"
+        self._transfer_url = transfer_url
         self._client = httpx.AsyncClient(
             auth=(auth_id, auth_token), timeout=timeout_s, headers={"Accept": "application/json"}
         )
@@ -71,33 +104,72 @@ class PlivoCallControl:
         self._closed = True
         await self._client.aclose()
 
+    async def create_call(self, *, to: str, from_: str, answer_url: str) -> str:
+        """Place a call; Plivo POSTs ``answer_url`` once it is answered. Returns the
+        request's ``request_uuid``."""
+        if not _E164.fullmatch(to) or not _E164.fullmatch(from_):
+            raise PlivoCallControlError("bad_request", "to and from must be E.164 numbers")
+        if not answer_url.startswith(("https://", "http://")) or len(answer_url) > MAX_URL_CHARS:
+            raise PlivoCallControlError("bad_request", "the answer URL is not http(s)")
+        body = {"from": from_, "to": to, "answer_url": answer_url, "answer_method": "POST"}
+        response = await self._request("POST", "/Call/", body, "dial")
+        try:
+            created = response.json()
+        except ValueError:
+            created = None
+        request_uuid = created.get("request_uuid") if isinstance(created, dict) else None
+        if isinstance(request_uuid, list) and request_uuid:  # one per destination
+            request_uuid = request_uuid[0]
+        if not isinstance(request_uuid, str) or not ID_PATTERN.fullmatch(request_uuid):
+            raise PlivoCallControlError(
+                "bad_response",
+                "the placed call has no request_uuid",
+                status_code=response.status_code,
+            )
+        return request_uuid
+
     async def hang_up(self, call_id: str) -> str:
         """End the call; ``completed``. A call already over raises ``already_ended``."""
-        if self._closed:
-            raise PlivoCallControlError("closed", "the client was closed")
         if not ID_PATTERN.fullmatch(call_id):
             raise PlivoCallControlError("bad_call_id", "malformed CallUUID")
-        try:
-            response = await self._client.delete(f"{self._account}/Call/{quote(call_id)}/")
-        except httpx.TimeoutException:
-            raise PlivoCallControlError("timeout", "hang-up timed out") from None
-        except httpx.HTTPError as exc:
+        await self._request("DELETE", f"/Call/{quote(call_id)}/", None, "hang-up")
+        return CHANNEL_COMPLETED
+
+    async def transfer(self, call_id: str, destination: str) -> str:
+        """Send the caller to the gateway's ``<Dial>`` of ``destination``; ``transferring``."""
+        if self._transfer_url is None:
+            raise PlivoCallControlError("not_supported", "transfer needs the gateway's URL")
+        if not ID_PATTERN.fullmatch(call_id):
+            raise PlivoCallControlError("bad_call_id", "malformed CallUUID")
+        if not is_transfer_destination(destination):
             raise PlivoCallControlError(
-                "network", f"hang-up failed: {type(exc).__name__}"
-            ) from None
+                "bad_destination", "the destination is neither E.164 nor a SIP URI"
+            )
+        body = {"legs": "aleg", "aleg_url": self._transfer_url(destination), "aleg_method": "POST"}
+        await self._request("POST", f"/Call/{quote(call_id)}/", body, "transfer")
+        return CHANNEL_TRANSFERRING
+
+    async def _request(
+        self, method: str, path: str, body: dict[str, str] | None, what: str
+    ) -> httpx.Response:
+        if self._closed:
+            raise PlivoCallControlError("closed", "the client was closed")
+        try:
+            response = await self._client.request(method, self._account + path, json=body)
+        except httpx.TimeoutException:
+            raise PlivoCallControlError("timeout", f"{what} timed out") from None
+        except httpx.HTTPError as exc:
+            failed = f"{what} failed: {type(exc).__name__}"
+            raise PlivoCallControlError("network", failed) from None
         status = response.status_code
         if 200 <= status < 300:
-            return CHANNEL_COMPLETED
+            return response
         if status in _AUTH_FAILED_STATUSES:
             raise PlivoCallControlError(
                 "auth_failed", "Plivo refused the credentials", status_code=status
             )
-        if status == _HTTP_NOT_FOUND:
+        if status == _HTTP_NOT_FOUND and what != "dial":
             raise PlivoCallControlError("already_ended", "the call is over", status_code=status)
         raise PlivoCallControlError(
-            "http_error", f"hang-up answered HTTP {status}", status_code=status
+            "http_error", f"{what} answered HTTP {status}", status_code=status
         )
-
-    async def transfer(self, call_id: str, destination: str) -> str:
-        """Not offered on Plivo yet (see the module docstring)."""
-        raise PlivoCallControlError("not_supported", "transfer is not supported on Plivo calls")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from rutster.trunk.xml_documents import xml_can_carry, xml_document
+from rutster.trunk.xml_documents import checked_text, xml_can_carry, xml_document
 
-__all__ = ["HANGUP_REASONS", "hangup_xml", "speak_hangup_xml", "stream_xml"]
+__all__ = ["HANGUP_REASONS", "dial_xml", "hangup_xml", "speak_hangup_xml", "stream_xml"]
 
 #: ``<Hangup reason>`` values that refuse a call (plivo-python ``HangupElement``).
 HANGUP_REASONS = frozenset({"rejected", "busy"})
@@ -54,4 +54,18 @@ def speak_hangup_xml(text: str) -> str:
     response = ET.Element("Response")
     ET.SubElement(response, "Speak").text = text
     ET.SubElement(response, "Hangup")
+    return xml_document(response)
+
+
+def dial_xml(destination: str) -> str:
+    """``<Dial>`` the caller to ``destination``: an E.164 number (``<Number>``, digits
+    without the ``+``, as Plivo writes numbers) or a SIP URI (``<User>``), as
+    plivo-python's ``DialElement``, ``NumberElement`` and ``UserElement`` write them."""
+    checked_text(destination, "dial destination")
+    response = ET.Element("Response")
+    dial = ET.SubElement(response, "Dial")
+    if destination.startswith(("sip:", "sips:")):
+        ET.SubElement(dial, "User").text = destination
+    else:
+        ET.SubElement(dial, "Number").text = destination.removeprefix("+")
     return xml_document(response)
