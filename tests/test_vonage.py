@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -156,6 +157,14 @@ def test_sniff() -> None:
 
 
 # ---- JWTs -----------------------------------------------------------------------------
+
+
+def test_the_vonage_sdk_accepts_what_the_simulator_signs() -> None:
+    from vonage_jwt.verify_jwt import verify_signature
+
+    token = VonageJwt(SECRET).sign(b"{}", now_s=time.time()).removeprefix("Bearer ")
+    assert verify_signature(token, SECRET)
+    assert not verify_signature(token, "another-vonage-signature-secret-0123")
 
 
 def test_jwt_checks() -> None:
