@@ -17,7 +17,7 @@ from rutster.gateway.providers.plivo import ENV_API_BASE_URL, ENV_AUTH_ID, ENV_A
 from rutster.gateway.transfer_allowlist import TransferAllowlist
 from rutster.protocols.tap import Dtmf, FunctionCallOutput
 from rutster.tools.plivo_simulator import PlivoSimulator, new_call_uuid
-from rutster.tools.twilio_simulator import DIRECTION_OUTBOUND_API, SimulatedCallResult
+from rutster.tools.twilio_simulator import SimulatedCallResult
 from rutster.trunk.plivo.call_control import PlivoCallControl, PlivoCallControlError
 from rutster.trunk.plivo.signature import NONCE_HEADER, SIGNATURE_HEADER, PlivoSignatureV3
 from tests.conftest import (
@@ -26,7 +26,6 @@ from tests.conftest import (
     eventually,
     gateway_config,
     serve_gateway,
-    tenant_key,
 )
 from tests.echo_checks import assert_echo_intact
 from tests.realtime_echo import realtime_echo
@@ -37,6 +36,7 @@ from tests.support.fake_plivo_rest import (
     FakePlivoRest,
     serve_fake_plivo,
 )
+from tests.support.outbound_calls import place_through_api, play_callee
 from tests.support.recording_brain import RecordingBrain, TransferBrain
 
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
@@ -229,28 +229,12 @@ async def test_an_outbound_plivo_call_is_placed_answered_and_echoed(
 
         async def callee(call_uuid: str, request_uuid: str, url: str, ended: asyncio.Event) -> None:
             sim.request_uuids[call_uuid] = request_uuid
-            heard.append(
-                await sim.place_call(
-                    speech_pcm[: 3 * 8000 * 2],
-                    call_sid=call_uuid,
-                    webhook_url=url,
-                    direction=DIRECTION_OUTBOUND_API,
-                    provider_hangup=ended,
-                    tail_s=0.8,
-                )
-            )
+            heard.append(await play_callee(sim, speech_pcm, call_uuid, url, ended))
 
         fake.on_answer = callee
-        async with httpx.AsyncClient(base_url=gateway.url) as http:
-            key = await tenant_key(http, "default")
-            created = await http.post(
-                "/v1/calls",
-                json={"to": "+15559870000", "from": "+15551230000", "provider": "plivo"},
-                headers={"Authorization": f"Bearer {key}"},
-            )
-            assert created.status_code == 201, created.text
-            await eventually(lambda: bool(heard), 15)
-            await eventually(lambda: not gateway.state.calls)
+        await place_through_api(gateway, "plivo", to="+15559870000", from_="+15551230000")
+        await eventually(lambda: bool(heard), 15)
+        await eventually(lambda: not gateway.state.calls)
     assert heard[0].media_received >= 100  # the callee heard its own voice back
     assert fake.requests[0].body == {
         "from": "+15551230000",

@@ -22,11 +22,12 @@ from rutster.protocols.call_control import CHANNEL_COMPLETED, CHANNEL_TRANSFERRI
 from rutster.protocols.tap import FunctionCallOutput, SessionEnd, SessionEndReason
 from rutster.tools.launcher import LOOPBACK, free_port
 from rutster.tools.telnyx_simulator import TelnyxSimulator, new_call_control_id
-from rutster.tools.twilio_simulator import DIRECTION_OUTBOUND_API, SimulatedCallResult
+from rutster.tools.twilio_simulator import SimulatedCallResult
 from rutster.trunk.telnyx.call_control import TelnyxCallControl, TelnyxCallControlError
 from rutster.trunk.telnyx.signature import TelnyxWebhookSigner
 from tests.conftest import TEST_ADMIN_KEY, eventually, gateway_config, serve_gateway, tenant_key
 from tests.support.fake_telnyx_rest import FAKE_API_KEY, FakeTelnyxRest, serve_fake_telnyx
+from tests.support.outbound_calls import place_through_api, play_callee
 from tests.support.recording_brain import TransferBrain
 
 ADMIN = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
@@ -229,27 +230,13 @@ async def test_an_outbound_telnyx_call_is_placed_answered_echoed_and_billed(
         heard: list[SimulatedCallResult] = []
 
         async def callee(call_control_id: str, url: str, ended: asyncio.Event) -> None:
-            heard.append(
-                await sim.place_call(
-                    speech_pcm[: 3 * 8000 * 2],
-                    call_sid=call_control_id,
-                    webhook_url=url,
-                    direction=DIRECTION_OUTBOUND_API,
-                    provider_hangup=ended,
-                    tail_s=0.8,
-                )
-            )
+            heard.append(await play_callee(sim, speech_pcm, call_control_id, url, ended))
 
         fake.on_answer = callee
+        call_id = await place_through_api(
+            gateway, "telnyx", to="+15559870000", from_="+15551230000"
+        )
         async with httpx.AsyncClient(base_url=gateway.url) as http:
-            key = await tenant_key(http, "default")
-            created = await http.post(
-                "/v1/calls",
-                json={"to": "+15559870000", "from": "+15551230000", "provider": "telnyx"},
-                headers={"Authorization": f"Bearer {key}"},
-            )
-            assert created.status_code == 201, created.text
-            call_id = created.json()["id"]
             await eventually(lambda: bool(heard), 15)
             await eventually(lambda: not gateway.state.calls)
             for _ in range(100):

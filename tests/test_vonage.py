@@ -38,7 +38,7 @@ from rutster.protocols.ingress import (
     UnknownIngressEvent,
 )
 from rutster.protocols.tap import Dtmf
-from rutster.tools.twilio_simulator import DIRECTION_OUTBOUND_API, SimulatedCallResult
+from rutster.tools.twilio_simulator import SimulatedCallResult
 from rutster.tools.vonage_simulator import VonageSimulator, new_call_uuid
 from rutster.trunk.vonage.codec import (
     CONTENT_TYPE,
@@ -53,12 +53,12 @@ from tests.conftest import (
     eventually,
     gateway_config,
     serve_gateway,
-    tenant_key,
 )
 from tests.echo_checks import assert_echo_intact
 from tests.realtime_echo import realtime_echo
 from tests.support.call_records import settled_record
 from tests.support.fake_vonage_rest import FakeVonageRest, serve_fake_vonage
+from tests.support.outbound_calls import place_through_api, play_callee
 from tests.support.recording_brain import RecordingBrain, TransferBrain
 
 SECRET = "vonage-signature-secret-0123456789"
@@ -251,14 +251,19 @@ async def test_an_api_hang_up_goes_through_the_voice_api(
 ) -> None:
     key_file, public = _application_key(tmp_path)
     async with serve_fake_vonage(public, APPLICATION_ID) as fake:
-        env = {
-            ENV_SIGNATURE_SECRET: SECRET,
-            ENV_APPLICATION_ID: APPLICATION_ID,
-            ENV_PRIVATE_KEY_FILE: str(key_file),
-            ENV_API_BASE_URL: fake.base_url,
-        }
+        env = vonage_env(fake, key_file)
         async with serve_gateway(gateway_config(echo_brain.url, env=env)) as gateway:
             await _hang_up_through_the_api(gateway, fake, speech_pcm)
+
+
+def vonage_env(fake: FakeVonageRest, key_file: Path) -> dict[str, str]:
+    """A gateway checking :data:`SECRET`'s tokens, with the Voice API on ``fake``."""
+    return {
+        ENV_SIGNATURE_SECRET: SECRET,
+        ENV_APPLICATION_ID: APPLICATION_ID,
+        ENV_PRIVATE_KEY_FILE: str(key_file),
+        ENV_API_BASE_URL: fake.base_url,
+    }
 
 
 def _application_key(folder: Path) -> tuple[Path, str]:
@@ -324,39 +329,18 @@ async def test_an_outbound_vonage_call_is_placed_answered_and_echoed(
 ) -> None:
     key_file, public = _application_key(tmp_path)
     async with serve_fake_vonage(public, APPLICATION_ID) as fake:
-        env = {
-            ENV_SIGNATURE_SECRET: SECRET,
-            ENV_APPLICATION_ID: APPLICATION_ID,
-            ENV_PRIVATE_KEY_FILE: str(key_file),
-            ENV_API_BASE_URL: fake.base_url,
-        }
+        env = vonage_env(fake, key_file)
         async with serve_gateway(gateway_config(echo_brain.url, env=env)) as gateway:
             sim = VonageSimulator(gateway.url, signature_secret=SECRET)
             heard: list[SimulatedCallResult] = []
 
-            async def callee(call_uuid: str, answer_url: str, ended: asyncio.Event) -> None:
-                heard.append(
-                    await sim.place_call(
-                        speech_pcm[: 3 * 8000 * 2],
-                        call_sid=call_uuid,
-                        webhook_url=answer_url,
-                        direction=DIRECTION_OUTBOUND_API,
-                        provider_hangup=ended,
-                        tail_s=0.8,
-                    )
-                )
+            async def callee(call_uuid: str, url: str, ended: asyncio.Event) -> None:
+                heard.append(await play_callee(sim, speech_pcm, call_uuid, url, ended))
 
             fake.on_answer = callee
-            async with httpx.AsyncClient(base_url=gateway.url) as http:
-                key = await tenant_key(http, "default")
-                created = await http.post(
-                    "/v1/calls",
-                    json={"to": "+447700900001", "from": "+447700900000", "provider": "vonage"},
-                    headers={"Authorization": f"Bearer {key}"},
-                )
-                assert created.status_code == 201, created.text
-                await eventually(lambda: bool(heard), 15)
-                await eventually(lambda: not gateway.state.calls)
+            await place_through_api(gateway, "vonage", to="+447700900001", from_="+447700900000")
+            await eventually(lambda: bool(heard), 15)
+            await eventually(lambda: not gateway.state.calls)
     assert heard[0].media_received >= 100  # the callee heard its own voice back
     method, path, body = fake.requests[0]
     assert (method, path) == ("POST", "/v1/calls")
@@ -400,12 +384,7 @@ async def test_the_brains_transfer_of_a_vonage_call_goes_through_the_voice_api(
     key_file, public = _application_key(tmp_path)
     async with serve_fake_vonage(public, APPLICATION_ID) as fake, TransferBrain() as brain:
         brain.destination = "+447700900009"
-        env = {
-            ENV_SIGNATURE_SECRET: SECRET,
-            ENV_APPLICATION_ID: APPLICATION_ID,
-            ENV_PRIVATE_KEY_FILE: str(key_file),
-            ENV_API_BASE_URL: fake.base_url,
-        }
+        env = vonage_env(fake, key_file)
         config = gateway_config(
             brain.url, env=env, transfer_allowlist=TransferAllowlist.parse("+447700900009")
         )
