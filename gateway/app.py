@@ -59,8 +59,7 @@ def startup_warnings(config: GatewayConfig) -> list[str]:
     if not config.signatures_enforced:
         warnings.append(
             "DEV MODE: TWILIO_AUTH_TOKEN is not set, so X-Twilio-Signature is NOT checked on "
-            "/twilio/voice or /twilio/stream, and /telnyx/voice takes unsigned webhooks unless "
-            "TELNYX_PUBLIC_KEY is set. Anyone who can reach this gateway can start calls. "
+            "/twilio/voice or /twilio/stream. Anyone who can reach this gateway can start calls. "
             "Set TWILIO_AUTH_TOKEN or TWILIO_AUTH_TOKEN_FILE before exposing it."
         )
     if config.stream_secret_generated:

@@ -8,6 +8,7 @@ gateway's ``TELNYX_PUBLIC_KEY``, and delivering media out of order as Telnyx may
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -18,9 +19,11 @@ from websockets.asyncio.client import connect
 from rutster.base.env_values import ConfigError
 from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.brains.echo import EchoBrain
+from rutster.gateway.config import GatewayConfig
 from rutster.gateway.media_socket import REASON_INVALID_TOKEN
 from rutster.gateway.provider_registry import AUTODETECT_MEDIA_PATH
-from rutster.gateway.providers.telnyx import ENV_PUBLIC_KEY, TelnyxSettings
+from rutster.gateway.providers.telnyx import ENV_PUBLIC_KEY, TelnyxProvider, TelnyxSettings
+from rutster.gateway.state import GatewayState
 from rutster.protocols.tap import Dtmf
 from rutster.tools.telnyx_simulator import TelnyxSimulator, new_call_control_id
 from rutster.tools.twilio_simulator import new_sid
@@ -168,3 +171,19 @@ async def test_telnyx_dtmf_reaches_the_brain(speech_pcm: bytes) -> None:
             )
             await eventually(lambda: len(brain.of_type(Dtmf)) == 2)
     assert [e.digit for e in brain.of_type(Dtmf) if isinstance(e, Dtmf)] == ["4", "#"]
+
+
+async def test_a_dev_gateway_without_the_telnyx_key_says_so_at_startup(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dev = GatewayState(config=GatewayConfig())
+    with caplog.at_level(logging.WARNING, logger="rutster.gateway.providers.telnyx"):
+        await TelnyxProvider().startup(dev)
+    assert any(
+        "UNSIGNED" in r.getMessage() and ENV_PUBLIC_KEY in r.getMessage() for r in caplog.records
+    )
+    caplog.clear()
+    keyed = GatewayState(config=GatewayConfig(env={ENV_PUBLIC_KEY: SIGNER.public_key_b64}))
+    with caplog.at_level(logging.WARNING, logger="rutster.gateway.providers.telnyx"):
+        await TelnyxProvider().startup(keyed)
+    assert not caplog.records

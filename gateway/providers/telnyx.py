@@ -321,6 +321,13 @@ class TelnyxProvider:
         client when ``TELNYX_API_KEY`` is set."""
         kept = telnyx_state(state)
         settings = kept.settings
+        if settings.verifier is None and not state.config.signatures_enforced:
+            # The gateway's DEV MODE warning is Twilio's; this door is Telnyx's own.
+            log.warning(
+                "DEV MODE: %s is not set, so /telnyx/voice takes UNSIGNED webhooks. Set it "
+                "(the Telnyx portal's public key) before exposing this gateway.",
+                ENV_PUBLIC_KEY,
+            )
         if settings.api_key is not None:
             kept.call_control = TelnyxCallControl(settings.api_key, base_url=settings.api_base_url)
 
