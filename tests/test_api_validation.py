@@ -171,7 +171,12 @@ SCHEMA_CASES: list[tuple[dict[str, Any], str | None, str]] = [
     (_with(to="+15551234567\n"), "to", "must match E.164 like +15551234567"),
     (_with(to="sip:alice@pbx.example.com"), "to", "must match E.164 like +15551234567"),
     (_with(**{"from": "alice"}), "from", "must match E.164 like +15551234567"),
-    (_with(provider="vonage"), "provider", 'must be one of "twilio", "sip"'),
+    (
+        _with(provider="bandwidth"),
+        "provider",
+        'must be one of "twilio", "sip", "telnyx", "plivo", "vonage"',
+    ),
+    (_with(provider="phone"), "provider", "must be one of"),  # answers calls, places none
     (_with(limits={"max_cost": 0.5}), "limits.max_cost", "must be a string"),
     (_with(limits={"max_cost": "0"}), "limits.max_cost", "> 0 and <= 10000"),
     (_with(limits={"max_cost": "10000.01"}), "limits.max_cost", "> 0 and <= 10000"),
