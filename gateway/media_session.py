@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 HOLD_INTERVAL_S = HEARTBEAT_INTERVAL_MS / 1_000
 #: End reason of an admission whose media stream never opened.
 REASON_NO_MEDIA = "no_media"
+#: Close reason for a media socket of a call the store already ended.
+REASON_CALL_ENDED = "call already ended"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +59,22 @@ async def run_metered_call(
     call_control: ProviderCallControl | None,
     next_event: NextEvent,
     on_call: Callable[[Call], None] | None = None,
+    connected: bool = False,
 ) -> None:
-    """Run the call until its stream stops or the call ends; always end and settle it."""
+    """Run the call until its stream stops or the call ends; always end and settle it.
+
+    ``connected``: the media socket already made the call active in the store
+    (``SpendStore.connect``); if not (Redis was unreachable then), it is tried again
+    here, best effort, and a call found settled meanwhile is ended at once.
+    """
     config = state.config
     gate = state.spend_gate
     assert gate is not None, "the spend gate starts with the app"
+    if not connected and not await _connect_late(state, context.call_id):
+        # Settled as never connected while Redis was away: nobody pays for this call.
+        log.warning("call %s: settled before its media connected; not started", context.call_id)
+        await edge.close(REASON_CALL_ENDED)
+        return
     spend = gate.open(
         Admission(
             context.call_id,
@@ -95,13 +108,6 @@ async def run_metered_call(
     state.media_connected(context.call_id)
     if on_call is not None:
         on_call(call)
-    if state.spend_store is not None:
-        try:
-            await state.spend_store.update_call(
-                context.call_id, status="active", answered_ms=wall_ms()
-            )
-        except StoreUnavailable:
-            log.warning("call %s: Redis unreachable at answer; metering locally", call.call_id)
     reason = SessionEndReason.CALLER_HANGUP
     try:
         await call.start()
@@ -120,6 +126,20 @@ async def run_metered_call(
         await call.end(reason)
         state.remove_call(call)
         await edge.close("call ended")
+
+
+async def _connect_late(state: GatewayState, call_id: str) -> bool:
+    """Make the call active now that its media runs; False only when the store says
+    it ended before (settled as never connected): it must not run."""
+    store = state.spend_store
+    if store is None:
+        return True
+    try:
+        connected = await store.connect(call_id, state.config.spend.node_id, wall_ms())
+    except StoreUnavailable:
+        log.warning("call %s: Redis unreachable at answer; metering locally", call_id)
+        return True
+    return connected.won or connected.status not in ("ended", "refused")
 
 
 async def release_if_never_connected(
@@ -160,7 +180,10 @@ async def release_if_never_connected(
             log.warning("call %s: admitted but no media stream came; releasing it", call_id)
             if give_up is not None:
                 await give_up()
-            await gate.settle_unanswered(call_id, reason)
+            # Atomic against SpendStore.connect: a stream that started on another node
+            # since the read above keeps its call (settle_unanswered returns False).
+            if not await gate.settle_unanswered(call_id, reason):
+                log.info("call %s: its media started meanwhile; not released", call_id)
     except StoreUnavailable:
         # Its lease runs out and any gateway's reaper settles it once Redis is back.
         log.warning("call %s: could not release an unconnected admission (Redis)", call_id)

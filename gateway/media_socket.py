@@ -30,7 +30,7 @@ from rutster.base.ws_close import (
 )
 from rutster.gateway.call import Call
 from rutster.gateway.ingress_provider import IngressProvider
-from rutster.gateway.media_session import StreamEnded, run_metered_call
+from rutster.gateway.media_session import REASON_CALL_ENDED, StreamEnded, run_metered_call
 from rutster.gateway.spend_context import BadSpendContext, SpendContext
 from rutster.gateway.state import GatewayState
 from rutster.gateway.stream_claims import ClaimOutcome
@@ -42,7 +42,8 @@ from rutster.protocols.ingress import (
     UnknownIngressEvent,
 )
 from rutster.protocols.tap import SessionEndReason
-from rutster.spend.store import StoreUnavailable
+from rutster.spend.gate import wall_ms
+from rutster.spend.store import ConnectResult, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,6 @@ REASON_UNRECOGNISED_STREAM = "first message is no known provider's stream"
 REASON_INVALID_TOKEN = "invalid stream token"
 REASON_EXPIRED_TOKEN = "stream token expired"
 REASON_TOKEN_REPLAYED = "stream token already used"
-REASON_CALL_ENDED = "call already ended"
 #: Call-record statuses (spend/store.py CALL_STATUSES) of a call no socket may start:
 #: it was settled (ended) or never admitted (refused).
 _FINISHED_STATUSES = frozenset({"ended", "refused"})
@@ -67,6 +67,16 @@ _STARTED_STATUS = "active"
 Frame = str | bytes
 #: A codec's ``receive``: one frame in, one event (or provider-specific message) out.
 Decode = Callable[[Any], Any]  # str-only codecs (Twilio) are read with binary=False
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedStream:
+    """A media socket whose stream token checked out: its call's admission context, and
+    whether this node made the call active in the store (False: no store, a fail-open
+    admission not yet there, or Redis unreachable)."""
+
+    context: SpendContext
+    connected: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +112,7 @@ async def serve_media_socket(
     if started is None:
         return
     params = provider.stream_params(started, state)
-    context = await trusted_context(
+    trusted = await trusted_context(
         websocket,
         state,
         source,
@@ -111,8 +121,9 @@ async def serve_media_socket(
         spend_text=params.spend_text,
         token=params.token,
     )
-    if context is None:
+    if trusted is None:
         return
+    context = trusted.context
     live: list[Call] = []  # the call, once run_metered_call has built it
 
     async def next_event() -> IngressEvent | StreamEnded:
@@ -146,6 +157,7 @@ async def serve_media_socket(
             call_control=leg.call_control,
             next_event=next_event,
             on_call=live.append,
+            connected=trusted.connected,
         )
     finally:
         leg.detach(context)
@@ -304,13 +316,14 @@ async def trusted_context(
     tap_url: str,
     spend_text: str,
     token: str | None,
-) -> SpendContext | None:
+) -> TrustedStream | None:
     """The call's admission context once the stream token proves it; else refuse the socket.
 
     The token must be authentic, unexpired and unused: this socket claims it, so any
     other socket with the same token (here or on another node) is refused without
     touching the call this one runs. A call whose record says it already ended is
-    not started again either.
+    not started again either. The call is made active on this node here, atomically
+    (``SpendStore.connect``).
     """
     config = state.config
     metrics = state.metrics
@@ -350,7 +363,8 @@ async def trusted_context(
         )
         await refuse(websocket, CLOSE_POLICY_VIOLATION, REASON_TOKEN_REPLAYED)
         return None
-    status = await _record_status(state, context.call_id)
+    connected = await _connect(state, context.call_id)
+    status = None if connected is None or connected.won else connected.status
     if status == _STARTED_STATUS:
         # Its claim is gone (expired or only node-local elsewhere) but its media started.
         metrics.stream_token_replays.inc()
@@ -366,19 +380,19 @@ async def trusted_context(
         log.warning("%s media socket refused: call %s already ended", source, context.call_id)
         await refuse(websocket, CLOSE_POLICY_VIOLATION, REASON_CALL_ENDED)
         return None
-    return context
+    return TrustedStream(context, connected is not None and connected.won)
 
 
-async def _record_status(state: GatewayState, call_id: str) -> str | None:
-    """The call record's status, or None when there is none to read (no store, a
-    fail-open admission not yet in Redis, or Redis unreachable: the call then starts
-    on its admission, as it would without this check)."""
+async def _connect(state: GatewayState, call_id: str) -> ConnectResult | None:
+    """Make the call active on this node (``SpendStore.connect``: atomic, so no other
+    node's media watcher can settle it from now on, and no second socket can start
+    it); None when there is no store to ask or Redis is unreachable: the call then
+    starts on its admission, and :func:`run_metered_call` tries again."""
     store = state.spend_store
     if store is None:
         return None
     try:
-        record = await store.get_call(call_id)
+        return await store.connect(call_id, state.config.spend.node_id, wall_ms())
     except StoreUnavailable:
-        log.warning("call %s: Redis unreachable when checking its record; starting it", call_id)
+        log.warning("call %s: Redis unreachable when connecting it; starting it", call_id)
         return None
-    return None if record is None else record["status"]

@@ -58,6 +58,9 @@ BRAIN_NAME_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 #: is released (settled at zero, reason ``no_media``). Twilio opens the stream within
 #: a second or two of our TwiML; 30 s is far past that (seed decision).
 MEDIA_CONNECT_TIMEOUT_S = 30.0
+#: Least RUTSTER_MEDIA_CONNECT_TIMEOUT_S: a provider needs a moment between our answer
+#: and its stream (Twilio: a second or two). Seed decision.
+MIN_MEDIA_CONNECT_TIMEOUT_S = 1.0
 #: What a caller hears when admission refuses their call (TwiML).
 REFUSAL_RESPONSES = ("reject", "busy", "say")
 
@@ -208,4 +211,15 @@ class SpendSettings:
             ),
             api_burst=env_int(env, "RUTSTER_API_BURST", DEFAULT_BURST, minimum=1),
             node_id=env.get("RUTSTER_NODE_ID", "").strip() or default_node_id(),
+            media_connect_timeout_s=_media_connect_timeout(env),
         )
+
+
+def _media_connect_timeout(env: Mapping[str, str]) -> float:
+    """``RUTSTER_MEDIA_CONNECT_TIMEOUT_S``: at most :data:`MEDIA_CONNECT_TIMEOUT_S`, which
+    the stream token's lifetime is sized for (base/stream_token.py)."""
+    name = "RUTSTER_MEDIA_CONNECT_TIMEOUT_S"
+    value = env_float(env, name, MEDIA_CONNECT_TIMEOUT_S, minimum=MIN_MEDIA_CONNECT_TIMEOUT_S)
+    if value > MEDIA_CONNECT_TIMEOUT_S:
+        raise ConfigError(f"{name} must be <= {MEDIA_CONNECT_TIMEOUT_S:g}, got {value:g}")
+    return value

@@ -282,9 +282,20 @@ class SpendGate:
             self, admission.call_id, request.tenant, meter, degraded=admission.degraded
         )
 
-    async def settle_unanswered(self, call_id: str, reason: str) -> None:
-        """Settle a call that never connected (no answer, busy, failed): it cost nothing."""
-        await self._settle(call_id, seq=1, actual=0, reason=reason)
+    async def settle_unanswered(self, call_id: str, reason: str) -> bool:
+        """Settle a call that never connected (no answer, busy, failed, no media in
+        time) at zero; False when its media did start after all (on any node: the
+        check is atomic with ``SpendStore.connect``) and it was left alone. Redis
+        unreachable: journalled, with the same condition on replay (True)."""
+        now = self._wall_ms()
+        try:
+            settled = await self.store.settle(call_id, 1, 0, now, reason, unconnected_only=True)
+        except StoreUnavailable:
+            self.store_errors += 1
+            await self.journal.record_unconnected_settle(call_id, now, reason)
+            log.warning("call %s: Redis unreachable; its zero settlement journalled", call_id)
+            return True
+        return settled.status != "connected"
 
     async def _settle(self, call_id: str, *, seq: int, actual: Micros, reason: str) -> bool:
         """Settle in Redis, or journal the settlement; True if Redis took it now."""

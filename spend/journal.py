@@ -55,6 +55,17 @@ class SettleRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class UnconnectedSettleRecord:
+    """A call that never connected, to settle at zero only if it still has not
+    (``SpendStore.settle`` with ``unconnected_only``): replayed late, it must not zero a
+    call whose media started on another node while Redis was away."""
+
+    call_id: str
+    now_ms: int
+    end_reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class HeartbeatRecord:
     """A running-cost report that could not reach Redis."""
 
@@ -71,7 +82,9 @@ class AdmitRecord:
     request: AdmitRequest
 
 
-JournalRecord = SettleRecord | HeartbeatRecord | AdmitRecord
+JournalRecord = SettleRecord | UnconnectedSettleRecord | HeartbeatRecord | AdmitRecord
+#: The records with flat fields (str and int only), by their ``op``.
+FlatRecord = SettleRecord | UnconnectedSettleRecord | HeartbeatRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +107,12 @@ class ReplayReport:
     remaining: int = 0
 
 
-_RECORD_TYPES: Final = {"settle": SettleRecord, "heartbeat": HeartbeatRecord}
+_RECORD_TYPES: Final[dict[str, type[FlatRecord]]] = {
+    "settle": SettleRecord,
+    "settle_unconnected": UnconnectedSettleRecord,
+    "heartbeat": HeartbeatRecord,
+}
+_RECORD_OPS: Final = {kind: op for op, kind in _RECORD_TYPES.items()}
 _ADMIT_FIELDS: Final = tuple(f.name for f in fields(AdmitRequest))
 
 
@@ -107,7 +125,7 @@ def encode_record(record: JournalRecord) -> bytes:
         op = "admit"
     else:
         body = {f.name: getattr(record, f.name) for f in fields(record)}
-        op = "settle" if isinstance(record, SettleRecord) else "heartbeat"
+        op = _RECORD_OPS[type(record)]
     line = json.dumps({"v": JOURNAL_VERSION, "op": op, **body}, separators=(",", ":"))
     return line.encode() + b"\n"
 
@@ -135,7 +153,7 @@ def decode_record(line: bytes) -> JournalRecord:
         wanted: type = str if type_name == "str" else int
         if isinstance(value, bool) or not isinstance(value, wanted):
             raise ValueError(f"{op}.{name} must be {type_name}")
-    record: SettleRecord | HeartbeatRecord = kind(**data)
+    record: FlatRecord = kind(**data)
     return record
 
 
@@ -201,6 +219,11 @@ class SpendJournal:
     ) -> None:
         """Journal a settlement (same arguments as :meth:`SpendStore.settle`)."""
         await self.record(SettleRecord(call_id, seq, actual, now_ms, end_reason))
+
+    async def record_unconnected_settle(self, call_id: str, now_ms: int, end_reason: str) -> None:
+        """Journal a zero settlement of a call that never connected (replayed with
+        ``unconnected_only``)."""
+        await self.record(UnconnectedSettleRecord(call_id, now_ms, end_reason))
 
     async def record_heartbeat(self, call_id: str, seq: int, now_ms: int, cost: int) -> None:
         """Journal a running-cost report (same arguments as :meth:`SpendStore.heartbeat`)."""
@@ -333,6 +356,14 @@ async def _apply(store: SpendStore, record: JournalRecord) -> str:
         if settled.status in ("settled", "adjusted"):
             return "applied"
         return "replayed" if settled.status == "replayed" else "unknown"
+    if isinstance(record, UnconnectedSettleRecord):
+        settled = await store.settle(
+            record.call_id, 1, 0, record.now_ms, record.end_reason, unconnected_only=True
+        )
+        if settled.status == "settled":
+            return "applied"
+        # "connected": its media started meanwhile; the live call settles itself.
+        return "replayed" if settled.status in ("replayed", "connected") else "unknown"
     if isinstance(record, HeartbeatRecord):
         beat = await store.heartbeat(record.call_id, record.seq, record.now_ms, record.cost)
         if beat.applied:

@@ -162,7 +162,6 @@ _HOUR_RE = re.compile(r"\d{10}")
 #: Call statuses stored in ``P:call:{id}``.
 CALL_STATUSES: Final = ("admitted", "active", "ended", "refused")
 #: Descriptive call fields update_call may set (money fields only move through scripts).
-_ANNOTATE_STATUSES: Final = ("admitted", "active")
 
 
 class RefusalReason:
@@ -393,10 +392,21 @@ class HoldResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ConnectResult:
+    """What :meth:`SpendStore.connect` found: ``won`` (this node's stream made the call
+    active), the call's status after it, and the node that owns the call's media."""
+
+    won: bool
+    status: str
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
 class SettleResult:
     """Settlement outcome. ``status``: settled | adjusted (corrected a reaper's
     conservative settlement) | replayed (already settled: nothing changed) |
-    unknown_call | not_admitted. ``replayed`` is True when nothing changed."""
+    unknown_call | not_admitted | connected (``unconnected_only`` and the call's media
+    had started: nothing changed). ``replayed`` is True when nothing changed."""
 
     replayed: bool
     status: str
@@ -582,7 +592,16 @@ def _load_script(name: str) -> str:
     return common + (folder / f"{name}.lua").read_text(encoding="utf-8")
 
 
-_SCRIPT_NAMES: Final = ("admit", "extend", "heartbeat", "hold", "settle", "reap", "annotate")
+_SCRIPT_NAMES: Final = (
+    "admit",
+    "extend",
+    "heartbeat",
+    "hold",
+    "settle",
+    "reap",
+    "annotate",
+    "connect",
+)
 
 
 # Reply shapes of a decode_responses=True client (redis-py types them as bytes | str).
@@ -649,6 +668,7 @@ class SpendStore:
         self._settle = scripts["settle"]
         self._reap = scripts["reap"]
         self._annotate = scripts["annotate"]
+        self._connect = scripts["connect"]
 
     def __repr__(self) -> str:
         return f"SpendStore(prefix={self.keys.prefix!r})"
@@ -801,9 +821,21 @@ class SpendStore:
         return HoldResult(bool(held), str(status))
 
     async def settle(
-        self, call_id: str, seq: int, actual: int, now_ms: int, end_reason: str
+        self,
+        call_id: str,
+        seq: int,
+        actual: int,
+        now_ms: int,
+        end_reason: str,
+        *,
+        unconnected_only: bool = False,
     ) -> SettleResult:
-        """Record the call's actual cost and release its reservation (idempotent)."""
+        """Record the call's actual cost and release its reservation (idempotent).
+
+        ``unconnected_only``: settle only while the call is still "admitted" (never
+        connected); a call whose media started meanwhile, on any node, is left as it
+        is (status "connected"). Checked atomically against :meth:`connect`.
+        """
         _check_id("call id", call_id, _CALL_RE)
         _check_count("seq", seq, 2**53, minimum=1)
         _check_count("actual", actual, MAX_MONEY_MICROS)
@@ -828,6 +860,7 @@ class SpendStore:
                     DAY_KEY_TTL_S,
                     MONTH_KEY_TTL_S,
                     HOUR_KEY_TTL_S,
+                    "1" if unconnected_only else "0",
                 ],
             )
         return SettleResult(
@@ -862,22 +895,31 @@ class SpendStore:
             )
         return int(reaped)
 
+    async def connect(self, call_id: str, node: str, now_ms: int) -> ConnectResult:
+        """The call's media stream started on ``node``: admitted -> active in one atomic
+        step (see ``lua/connect.lua``). Exactly one node wins a call; a call already
+        settled as never connected is not started (``won`` False, status "ended")."""
+        _check_id("call id", call_id, _CALL_RE)
+        _check_text("node", node)
+        _check_count("now_ms", now_ms, _MAX_UNIX_MS)
+        with _unavailable_as("connect"):
+            won, status, owner = await self._connect(
+                keys=[self.keys.call(call_id)], args=[node, now_ms]
+            )
+        return ConnectResult(bool(won), str(status), str(owner))
+
     async def update_call(
         self,
         call_id: str,
         *,
-        status: str | None = None,
         provider_call_id: str | None = None,
         answered_ms: int | None = None,
     ) -> bool:
-        """Set descriptive fields of a running call (status admitted|active, the provider's
-        call id, answer time). False if the call is unknown or no longer running."""
+        """Set descriptive fields of a running call (the provider's call id, answer time).
+        False if the call is unknown or no longer running. Its status changes only
+        through :meth:`connect` (admitted -> active) and settlement (-> ended)."""
         _check_id("call id", call_id, _CALL_RE)
         pairs: list[str] = []
-        if status is not None:
-            if status not in _ANNOTATE_STATUSES:
-                raise ValueError(f"status must be one of {_ANNOTATE_STATUSES}")
-            pairs += ["status", status]
         if provider_call_id is not None:
             pairs += ["provider_call_id", _check_text("provider_call_id", provider_call_id)]
         if answered_ms is not None:

@@ -19,6 +19,7 @@ from rutster.spend.journal import (
     JournalRecord,
     SettleRecord,
     SpendJournal,
+    UnconnectedSettleRecord,
     decode_record,
     encode_record,
 )
@@ -82,6 +83,7 @@ def test_records_round_trip_and_survive_a_restart(tmp_path: Path) -> None:
         AdmitRecord(admit_request("call_a", caller="+15550001111", metadata={"k": "v"})),
         HeartbeatRecord("call_a", 1, NOW + 5_000, 1_200),
         SettleRecord("call_a", 2, 2_345, NOW + 9_000, "caller_hangup"),
+        UnconnectedSettleRecord("call_b", NOW + 9_500, "no_media"),
     ]
     journal = SpendJournal(path)
     for record in records:
@@ -158,6 +160,24 @@ async def test_replay_is_idempotent(tmp_path: Path, store: SpendStore) -> None:
     await journal.record_settle("call_zz", 1, 0, NOW, "admit_unconfirmed")
     assert (await journal.replay(store)).unknown == 1
     assert journal.pending() == []
+
+
+async def test_a_journalled_zero_settlement_never_zeroes_a_call_that_connected_since(
+    tmp_path: Path, store: SpendStore
+) -> None:
+    # Node A's watcher gave up on two calls while Redis was away; meanwhile one of them
+    # connected on node B. Replayed, only the other is settled at zero.
+    await store.admit(admit_request("call_live"))
+    await store.admit(admit_request("call_gone"))
+    journal = SpendJournal(tmp_path / "j")
+    await journal.record_unconnected_settle("call_live", NOW + 30_000, "no_media")
+    await journal.record_unconnected_settle("call_gone", NOW + 30_000, "no_media")
+    assert (await store.connect("call_live", "node-b", NOW + 20_000)).won
+    report = await journal.replay(store)
+    assert (report.applied, report.replayed, report.remaining) == (1, 1, 0)
+    live, gone = await store.get_call("call_live"), await store.get_call("call_gone")
+    assert live is not None and live["status"] == "active"
+    assert gone is not None and (gone["status"], gone["end_reason"]) == ("ended", "no_media")
 
 
 async def test_fail_open_admission_is_recorded_on_replay(tmp_path: Path, store: SpendStore) -> None:

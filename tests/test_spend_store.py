@@ -30,6 +30,7 @@ from rutster.spend.store import (
     RECEIPT_RETENTION_S,
     REDIS_MAX_CONNECTIONS,
     AdmitRequest,
+    ConnectResult,
     HoldResult,
     RefusalReason,
     SpendStore,
@@ -495,7 +496,9 @@ async def test_hold_keeps_an_unconnected_call_from_the_reaper(store: SpendStore)
     # A hold never shortens a lease, and never touches a call once it is not admitted.
     await store.hold("call_ring", NOW, lease_ms=1_000)
     assert await store.redis.zscore(store.keys.active, "call_ring") == NOW + 5_900
-    await store.update_call("call_ring", status="active")
+    assert await store.connect("call_ring", "node-b", NOW + 2_500) == ConnectResult(
+        True, "active", "node-b"
+    )
     assert await store.hold("call_ring", NOW + 3_000, lease_ms=60_000) == HoldResult(
         False, "active"
     )
@@ -506,6 +509,66 @@ async def test_hold_keeps_an_unconnected_call_from_the_reaper(store: SpendStore)
     assert await store.hold("call_none", NOW) == HoldResult(False, "unknown_call")
     with pytest.raises(ValueError, match="lease_ms"):
         await store.hold("call_ring", NOW, lease_ms=0)
+
+
+async def test_one_node_connects_a_call_and_no_settlement_of_the_unconnected_zeroes_it(
+    store: SpendStore,
+) -> None:
+    await store.admit(req("call_live"))
+    assert await store.connect("call_live", "node-b", NOW + 500) == ConnectResult(
+        True, "active", "node-b"
+    )
+    # A second socket (any node) loses; the owner stays the first.
+    assert await store.connect("call_live", "node-c", NOW + 600) == ConnectResult(
+        False, "active", "node-b"
+    )
+    # Node A's media watcher, too late: nothing moves.
+    before = (await day_totals(store), await ledger_all(store))
+    zero = await store.settle("call_live", 1, 0, NOW + 700, "no_media", unconnected_only=True)
+    assert (zero.replayed, zero.status) == (True, "connected")
+    assert (await day_totals(store), await ledger_all(store)) == before
+    live = await store.get_call("call_live")
+    assert live is not None and (live["status"], live["node"]) == ("active", "node-b")
+    # The other order: settled as never connected, then its stream comes: refused.
+    await store.admit(req("call_late", node="node-a"))
+    first = await store.settle("call_late", 1, 0, NOW + 700, "no_media", unconnected_only=True)
+    assert first.status == "settled"
+    assert await store.connect("call_late", "node-b", NOW + 800) == ConnectResult(
+        False, "ended", "node-a"
+    )
+    assert await store.connect("call_none", "node-b", NOW) == ConnectResult(
+        False, "unknown_call", ""
+    )
+    with pytest.raises(ValueError):
+        await store.connect("call late", "node-b", NOW)
+
+
+async def test_connect_and_the_unconnected_settlement_race_to_one_outcome(
+    store: SpendStore,
+) -> None:
+    # Node B's stream and node A's watcher at the same moment, 200 times: each call is
+    # either live (active, nothing booked) or settled at zero and refused, never both.
+    calls = [f"call_race{i}" for i in range(200)]
+    for call_id in calls:
+        await store.admit(req(call_id))
+
+    async def both(call_id: str) -> tuple[bool, str]:
+        connected, settled = await asyncio.gather(
+            store.connect(call_id, "node-b", NOW + 100),
+            store.settle(call_id, 1, 0, NOW + 100, "no_media", unconnected_only=True),
+        )
+        assert connected.won != (settled.status == "settled")
+        return connected.won, settled.status
+
+    outcomes = await asyncio.gather(*(both(c) for c in calls))
+    won = [c for c, (w, _) in zip(calls, outcomes, strict=True) if w]
+    for call_id in calls:
+        record = await store.get_call(call_id)
+        assert record is not None
+        assert record["status"] == ("active" if call_id in won else "ended")
+    settles = [e for e in await ledger_all(store) if e["type"] == "settle"]
+    assert len(settles) == len(calls) - len(won)
+    assert await store.redis.zcard(store.keys.active) == len(won)
 
 
 async def test_reap_settles_expired_leases_conservatively(store: SpendStore) -> None:
@@ -571,9 +634,8 @@ async def test_list_calls_pages_through_ties_and_filters(store: SpendStore) -> N
 
 async def test_update_call_and_receipts(store: SpendStore) -> None:
     await store.admit(req("call_a"))
-    assert await store.update_call(
-        "call_a", status="active", provider_call_id="CA123", answered_ms=NOW + 800
-    )
+    assert await store.connect("call_a", "node-a", NOW + 700)
+    assert await store.update_call("call_a", provider_call_id="CA123", answered_ms=NOW + 800)
     call = await store.get_call("call_a")
     assert call is not None
     assert (call["status"], call["provider_call_id"], call["answered_ms"]) == (
@@ -581,8 +643,6 @@ async def test_update_call_and_receipts(store: SpendStore) -> None:
         "CA123",
         NOW + 800,
     )
-    with pytest.raises(ValueError, match="status"):
-        await store.update_call("call_a", status="ended")
     with pytest.raises(ValueError):
         await store.update_call("call_a")
     assert await store.add_receipt(
@@ -600,8 +660,8 @@ async def test_update_call_and_receipts(store: SpendStore) -> None:
     with pytest.raises(ValueError):
         await store.add_receipt("call_a", {"blob": "x" * 5_000})
     await store.settle("call_a", 1, 1, NOW + 1_000, "hangup")
-    assert not await store.update_call("call_a", status="active")
-    assert not await store.update_call("call_none", status="active")
+    assert not await store.update_call("call_a", provider_call_id="CA124")
+    assert not await store.update_call("call_none", provider_call_id="CA125")
     assert await store.get_call("call_none") is None
 
 

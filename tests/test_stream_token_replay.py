@@ -27,11 +27,8 @@ from rutster.base.stream_token import STREAM_TOKEN_LIFETIME_S, StreamTokenSigner
 from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.brains.echo import EchoBrain
 from rutster.gateway.config import GatewayConfig
-from rutster.gateway.media_socket import (
-    REASON_CALL_ENDED,
-    REASON_EXPIRED_TOKEN,
-    REASON_TOKEN_REPLAYED,
-)
+from rutster.gateway.media_session import REASON_CALL_ENDED
+from rutster.gateway.media_socket import REASON_EXPIRED_TOKEN, REASON_TOKEN_REPLAYED
 from rutster.gateway.spend_context import PARAM_SPEND, SpendContext
 from rutster.gateway.stream_claims import (
     CLAIM_CLOCK_SKEW_MARGIN_MS,

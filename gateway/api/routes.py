@@ -349,13 +349,25 @@ async def delete_call(request: Request, principal: Principal) -> Response:
             hang_up_local_call(state, record["id"]), name=f"{record['id']}:api-hangup"
         )
     elif status == "in_progress":
-        assert state.control_channel is not None
-        delivered = await state.control_channel.send(record["node"], "hangup", record["id"])
-        if not delivered:
-            raise unavailable("the gateway holding this call is not answering; retry")
-    else:
-        await _cancel_unanswered(state, record)
+        await _hang_up_remote_call(state, record)
+    elif not await _cancel_unanswered(state, record):
+        # Its media started (on some node) while it was being cancelled: hang it up there.
+        assert state.spend_store is not None
+        connected = await state.spend_store.get_call(record["id"])
+        if connected is not None and call_status(connected) == "in_progress":
+            await _hang_up_remote_call(state, connected)
     return JSONResponse(call_resource(state, record), status_code=202)
+
+
+async def _hang_up_remote_call(state: GatewayState, record: CallRecord) -> None:
+    """Ask the node that holds the call's media (the record's ``node``) to hang it up."""
+    if record["node"] == state.config.spend.node_id:
+        await hang_up_local_call(state, record["id"])
+        return
+    assert state.control_channel is not None
+    delivered = await state.control_channel.send(record["node"], "hangup", record["id"])
+    if not delivered:
+        raise unavailable("the gateway holding this call is not answering; retry")
 
 
 async def hang_up_local_call(state: GatewayState, call_id: str) -> None:
@@ -369,7 +381,9 @@ async def hang_up_local_call(state: GatewayState, call_id: str) -> None:
     await call.hang_up_provider(reason="api_hangup")
 
 
-async def _cancel_unanswered(state: GatewayState, record: CallRecord) -> None:
+async def _cancel_unanswered(state: GatewayState, record: CallRecord) -> bool:
+    """Cancel a call not connected yet and settle it at zero; False if it connected
+    meanwhile (then it is left running: see ``SpendGate.settle_unanswered``)."""
     provider = state.providers.get(record["provider"])
     if provider is not None:
         try:
@@ -379,7 +393,7 @@ async def _cancel_unanswered(state: GatewayState, record: CallRecord) -> None:
                 f"{provider.name} did not cancel the call ({exc.reason})"
             ) from None
     assert state.spend_gate is not None
-    await state.spend_gate.settle_unanswered(record["id"], "canceled")
+    return await state.spend_gate.settle_unanswered(record["id"], "canceled")
 
 
 # ---- /v1/spend, limits, admin ------------------------------------------------------------

@@ -1,7 +1,7 @@
--- annotate: set descriptive fields (status admitted -> active, provider call id, answer
--- time) on a call that is still running (spend/store.py, SpendStore.update_call).
--- Never touches money fields (the caller only passes the allowed names), never brings
--- an ended, refused or expired call back.
+-- annotate: set descriptive fields (provider call id, answer time) on a call that is
+-- still running (spend/store.py, SpendStore.update_call). Never touches money fields or
+-- the status (the caller only passes the allowed names; connect.lua moves the status),
+-- never brings an ended, refused or expired call back.
 --
 -- KEYS: 1 call hash
 -- ARGV: field, value pairs

@@ -17,9 +17,13 @@
 --       5 call receipts stream
 -- ARGV: 1 prefix, 2 call_id, 3 seq, 4 actual, 5 now_ms, 6 end_reason, 7 hour,
 --       8 retention_s, 9 ledger_max, 10 stream_max, 11 day_ttl_s, 12 month_ttl_s,
---       13 hour_ttl_s
+--       13 hour_ttl_s, 14 unconnected_only ('1': settle only a call still "admitted")
 -- Returns {applied 1/0, status, reserved_total, spent}; status is settled | adjusted |
--- replayed | unknown_call | not_admitted.
+-- replayed | unknown_call | not_admitted | connected.
+--
+-- unconnected_only is how a call that never connected (no answer, no media in time,
+-- cancelled) is settled at zero: checked here, atomically with connect.lua, so a call
+-- whose media started on another node in the meantime is never zeroed ("connected").
 
 local prefix, call_id = ARGV[1], ARGV[2]
 local seq = tonumber(ARGV[3])
@@ -55,6 +59,10 @@ if status == 'ended' then
     return {1, 'adjusted', reserved, actual}
   end
   return {0, 'replayed', reserved, num(c[7])}
+end
+
+if ARGV[14] == '1' and status ~= 'admitted' then
+  return {0, 'connected', reserved, num(c[7])}
 end
 
 book(tenant_key, c[2], c[3], ARGV[7], actual, reserved, ARGV[11], ARGV[12], ARGV[13])

@@ -1,0 +1,147 @@
+"""Two gateway nodes on one Redis: one call answered on one and streamed to the other.
+
+Each node is a ``rutster serve`` process of its own (its own port, its own node id)
+sharing the suite's Redis under one key prefix and one stream secret, as gateways
+behind a load balancer do; a stand-in balancer (tests/support/split_proxy.py) sends
+webhooks and REST calls to node A and media sockets to node B. So A answers Twilio's
+voice webhook and the media socket lands on B: the call's context travels in the
+stream token, the call becomes active on B in one atomic step (``SpendStore.connect``),
+and node A's media-connect watcher, whose deadline passes while the call runs,
+leaves it alone. The REST API on node A then reaches the call on node B.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from rutster.brains.echo import EchoBrain
+from rutster.spend.store import CallRecord, SpendStore, redis_client
+from rutster.tools.launcher import LOOPBACK, Service, gateway_process
+from rutster.tools.twilio_simulator import TwilioSimulator, new_sid
+from tests.conftest import TEST_ADMIN_KEY, suite_redis_url, tenant_key, unique_prefix
+from tests.echo_checks import assert_echo_intact
+from tests.support.split_proxy import SplitProxy
+
+#: Node A gives up on a call whose media has not reached it after this long: shorter
+#: than the calls below, so its watcher's deadline passes while they run on node B.
+MEDIA_CONNECT_TIMEOUT_S = 2
+TENANT = "default"
+
+
+class TwoNodes:
+    """Node A (webhooks, REST) and node B (media), and their shared store."""
+
+    def __init__(
+        self, a: Service, b: Service, store: SpendStore, token: str, public_url: str
+    ) -> None:
+        self.a, self.b, self.store, self.token = a, b, store, token
+        self.public_url = public_url
+
+    def url(self, node: Service) -> str:
+        return f"http://{LOOPBACK}:{node.port}"
+
+    def simulator(self) -> TwilioSimulator:
+        """Twilio, calling the public URL (the balancer sends it to node A, and the
+        stream A's TwiML names to node B)."""
+        return TwilioSimulator(self.public_url, auth_token=self.token)
+
+    async def record(self, call_sid: str) -> CallRecord | None:
+        """The call record of the Twilio call ``call_sid`` (the store keys it by our id)."""
+        records, _ = await self.store.list_calls(TENANT, limit=50)
+        for record in records:
+            if record["provider_call_id"] == call_sid:
+                return record
+        return None
+
+    async def record_when(self, call_sid: str, status: str, timeout_s: float) -> CallRecord:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            record = await self.record(call_sid)
+            if record is not None and record["status"] == status:
+                return record
+            assert asyncio.get_running_loop().time() < deadline, f"{call_sid}: {record}"
+            await asyncio.sleep(0.05)
+
+
+@contextlib.contextmanager
+def node_processes(env: dict[str, str]) -> Iterator[tuple[Service, Service]]:
+    with (
+        gateway_process({**env, "RUTSTER_NODE_ID": "node-a"}) as a,
+        gateway_process({**env, "RUTSTER_NODE_ID": "node-b"}) as b,
+    ):
+        yield a, b
+
+
+@pytest.fixture
+async def nodes(echo_brain: EchoBrain) -> AsyncIterator[TwoNodes]:
+    prefix, token = unique_prefix(), secrets.token_urlsafe(16)
+    client = redis_client(suite_redis_url())
+    # The balancer: webhooks and REST calls to node A, media sockets to node B.
+    async with SplitProxy(get_port=0, other_port=0).running() as balancer:
+        env = {
+            "REDIS_URL": suite_redis_url(),
+            "RUTSTER_REDIS_PREFIX": prefix,
+            "TWILIO_AUTH_TOKEN": token,
+            "RUTSTER_PUBLIC_URL": balancer.url,
+            # One secret for all nodes: a media socket may reach any of them.
+            "RUTSTER_STREAM_SECRET": "s" * 32,
+            "RUTSTER_TAP_URL": echo_brain.url,
+            "RUTSTER_ADMIN_KEY": TEST_ADMIN_KEY,
+            "RUTSTER_MEDIA_CONNECT_TIMEOUT_S": str(MEDIA_CONNECT_TIMEOUT_S),
+            "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
+        }
+        try:
+            with node_processes(env) as (a, b):
+                balancer.get_port, balancer.other_port = b.port, a.port
+                yield TwoNodes(a, b, SpendStore(client, prefix), token, balancer.url)
+        finally:
+            await client.aclose()
+
+
+async def test_a_webhook_on_node_a_and_media_on_node_b_make_one_billed_call(
+    nodes: TwoNodes, speech_pcm: bytes
+) -> None:
+    sent = speech_pcm[: (MEDIA_CONNECT_TIMEOUT_S + 3) * 8000 * 2]
+    result = await nodes.simulator().place_call(sent, tail_s=1.0)
+    assert_echo_intact(sent, result)
+    record = await nodes.record_when(result.call_sid, "ended", timeout_s=10)
+    # Run and settled by node B, with what the call cost; node A's watcher, whose
+    # deadline passed mid-call, did not settle it at zero.
+    assert record["node"] == "node-b"
+    assert record["end_reason"] == "caller_hangup"
+    assert (record["spent"] or 0) > 0
+    assert (record["answered_ms"] or 0) > 0
+    # The ledger holds one reservation and one settlement for it, nothing else.
+    ledger = [e for e in await nodes.store.ledger(100) if e["call"] == record["id"]]
+    assert sorted(e["type"] for e in ledger) == ["reserve", "settle"]
+    assert [int(e["amount"]) for e in ledger if e["type"] == "settle"] == [record["spent"]]
+
+
+async def test_node_a_hangs_up_a_call_whose_media_is_on_node_b(
+    nodes: TwoNodes, speech_pcm: bytes
+) -> None:
+    call_sid = new_sid("CA")
+    placed = asyncio.create_task(nodes.simulator().place_call(speech_pcm, call_sid=call_sid))
+    try:
+        live = await nodes.record_when(call_sid, "active", timeout_s=10)
+        assert live["node"] == "node-b"
+        async with httpx.AsyncClient(base_url=nodes.url(nodes.a), timeout=10) as api:
+            key = await tenant_key(api, TENANT)
+            response = await api.delete(
+                f"/v1/calls/{live['id']}", headers={"Authorization": f"Bearer {key}"}
+            )
+        assert response.status_code == 202, response.text
+        result = await asyncio.wait_for(placed, timeout=10)
+    finally:
+        placed.cancel()
+    # The caller's 30 s were cut short: node B ended the call on node A's request.
+    assert result.frames_sent < len(speech_pcm) // 320 // 2
+    ended = await nodes.record_when(call_sid, "ended", timeout_s=10)
+    assert ended["end_reason"] == "api_hangup"
+    assert (ended["spent"] or 0) > 0
