@@ -467,6 +467,7 @@ def test_spend_settings_are_read(tmp_path: Path) -> None:
             "RUTSTER_BRAINS": "sales=wss://brains.internal/realtime",
             "RUTSTER_REFUSAL_RESPONSE": "busy",
             "RUTSTER_GOODBYE_TEXT": "Goodbye.",
+            "RUTSTER_MEDIA_CONNECT_TIMEOUT_S": "7.5",
         }
     ).spend
     assert spend.redis_url == "redis://redis.internal:6379/2" and spend.redis_prefix == "gw2"
@@ -478,6 +479,7 @@ def test_spend_settings_are_read(tmp_path: Path) -> None:
     assert spend.tenant_for_number("+15550002222") == "globex"
     assert spend.brains == {"sales": "wss://brains.internal/realtime"}
     assert (spend.refusal_response, spend.goodbye_text) == ("busy", "Goodbye.")
+    assert spend.media_connect_timeout_s == 7.5
 
 
 @pytest.mark.parametrize(
@@ -496,6 +498,13 @@ def test_spend_settings_are_read(tmp_path: Path) -> None:
         ({"RUTSTER_PRICES_FILE": "/nonexistent/prices.json"}, "RUTSTER_PRICES_FILE"),
         ({"RUTSTER_API_RATE_PER_S": "nan"}, "RUTSTER_API_RATE_PER_S"),
         ({"RUTSTER_RETENTION_S": "10"}, "RUTSTER_RETENTION_S must be >= 60"),
+        ({"RUTSTER_MEDIA_CONNECT_TIMEOUT_S": "0.5"}, "RUTSTER_MEDIA_CONNECT_TIMEOUT_S must be >="),
+        # The stream token's 60 s lifetime is sized for at most 30 s of it.
+        (
+            {"RUTSTER_MEDIA_CONNECT_TIMEOUT_S": "31"},
+            "RUTSTER_MEDIA_CONNECT_TIMEOUT_S must be <= 30",
+        ),
+        ({"RUTSTER_MEDIA_CONNECT_TIMEOUT_S": "soon"}, "must be a number"),
     ],
 )
 def test_bad_spend_settings_are_refused_clearly(env: dict[str, str], fragment: str) -> None:
