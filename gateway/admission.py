@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 REASON_UNKNOWN_PLACED_CALL = "unknown_placed_call"
 #: Refusal reason when the record of a placed call could not be read (Redis down).
 REASON_STORE_UNAVAILABLE = "store_unavailable"
+#: Refusal reason of every admission on a node that is draining (gateway/drain.py).
+REASON_DRAINING = "draining"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +126,12 @@ async def admit_call(state: GatewayState, request: AdmissionRequest) -> SpendCon
     fail-open) is admitted with ``context.degraded`` set."""
     gate = state.spend_gate
     assert gate is not None, "the spend gate starts with the app"
-    admission = await gate.admit(request)
     metrics = state.metrics
+    if state.draining:
+        metrics.admissions.labels("refused", REASON_DRAINING).inc()
+        log.info("%s %s call refused: this node is draining", request.provider, request.direction)
+        return Refused(REASON_DRAINING)
+    admission = await gate.admit(request)
     if not admission.admitted:
         metrics.admissions.labels("refused", admission.reason).inc()
         log.info(

@@ -227,9 +227,10 @@ def create_app(
         logging.getLogger(UVICORN_ERROR_LOGGER).removeFilter(utf8_filter)
 
     async def healthz(request: Request) -> Response:
+        # 503 while draining: a load balancer's health check takes the node out.
         return JSONResponse(
             {
-                "status": "ok",
+                "status": "draining" if state.draining else "ok",
                 "version": VERSION,
                 "active_calls": len(state.calls),
                 "sip_workers": len(state.sip_workers),
@@ -238,7 +239,8 @@ def create_app(
                 "twilio_signatures": "enforced"
                 if state.config.signatures_enforced
                 else "disabled (dev mode: TWILIO_AUTH_TOKEN not set)",
-            }
+            },
+            status_code=503 if state.draining else 200,
         )
 
     async def metrics(request: Request) -> Response:

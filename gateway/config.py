@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from rutster.base.env_values import ConfigError, env_bool, env_float, env_int, read_secret
 from rutster.base.stream_token import MIN_SECRET_BYTES
+from rutster.gateway.drain import DEFAULT_DRAIN_TIMEOUT_S
 from rutster.gateway.http_guard import DEFAULT_MAX_PER_SOURCE
 from rutster.gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES, MediaEngineConfig
 from rutster.gateway.reflex import (
@@ -137,6 +138,9 @@ class GatewayConfig:
     echo_canceller: bool = False
     #: The spend gate, REST API and Redis settings (gateway/spend_settings.py).
     spend: SpendSettings = field(default_factory=SpendSettings)
+    #: How long a node asked to stop (SIGTERM) lets its calls run before it ends them
+    #: (gateway/drain.py; 0: end them at once).
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     #: Shared secret SIP workers present on ``/sip/workers`` (None: SIP is off).
     sip_secret: str | None = field(default=None, repr=False)
     #: The environment this configuration was read from: a provider whose settings
@@ -254,6 +258,9 @@ class GatewayConfig:
         if sip_secret is not None and len(sip_secret.encode()) < MIN_SECRET_BYTES:
             raise ConfigError(f"RUTSTER_SIP_SECRET must be at least {MIN_SECRET_BYTES} bytes long")
         return cls(
+            drain_timeout_s=env_float(
+                env, "RUTSTER_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S, minimum=0.0
+            ),
             env=dict(env),
             sip_secret=sip_secret,
             spend=spend,

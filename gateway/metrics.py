@@ -46,6 +46,11 @@ class GatewayMetrics:
         self.active_calls = Gauge(
             "rutster_active_calls", "Calls with a live media stream", registry=r
         )
+        self.draining = Gauge(
+            "rutster_draining",
+            "1 while this node drains (SIGTERM: admits nothing, lets its calls end)",
+            registry=r,
+        )
         self.call_tasks = Gauge(
             "rutster_call_tasks", "asyncio tasks owned by live calls (0 when idle)", registry=r
         )

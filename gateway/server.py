@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import resource
 import signal
@@ -12,6 +13,7 @@ import uvicorn
 from starlette.applications import Starlette
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from rutster.gateway.drain import drain
 from rutster.gateway.http_guard import HttpGuardStats, guarded_http_protocol
 from rutster.gateway.state import GatewayState
 
@@ -60,6 +62,46 @@ def uvicorn_config(
         access_log=False,
         backlog=LISTEN_BACKLOG,
     )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, with a graceful drain on the first SIGTERM (gateway/drain.py):
+    the node admits nothing new, its calls run up to ``drain_timeout_s``, then it
+    stops. A second SIGTERM, SIGINT, or a drain timeout of 0 stop at once."""
+
+    def __init__(self, config: uvicorn.Config, state: GatewayState, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self._state = state
+        self._drain_timeout_s = drain_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_requested = False
+        self._drain: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        """Run the server (remembering its loop, where a signal starts the drain)."""
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """The signal handler: drain on the first SIGTERM, else uvicorn's stop."""
+        first_term = sig == signal.SIGTERM and not self._drain_requested and not self.should_exit
+        if first_term and self._drain_timeout_s > 0 and self._loop is not None:
+            self._drain_requested = True
+            # A signal handler runs between two bytecodes of the loop's own thread:
+            # hand the drain to the loop rather than start it here.
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        if self._drain is None and not self.should_exit:
+            self._drain = asyncio.get_running_loop().create_task(self._drain_then_stop())
+
+    async def _drain_then_stop(self) -> None:
+        try:
+            await drain(self._state, self._drain_timeout_s)
+        finally:
+            self.should_exit = True
 
 
 def raise_open_file_limit() -> None:

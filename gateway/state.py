@@ -79,6 +79,10 @@ class GatewayState:
     sip_call_control: SipCallControl = field(default_factory=SipCallControl)
     #: One-time claims of stream tokens (Redis through ``spend_store``, node-local fallback).
     stream_claims: StreamClaims = field(default_factory=StreamClaims)
+    #: Set once a stop was asked for (gateway/drain.py): no admission from then on.
+    draining: bool = False
+    #: Set while no call is live here (what a drain waits for).
+    no_calls: asyncio.Event = field(default_factory=asyncio.Event)
     #: Admissions waiting for their media stream, by call id.
     media_watchers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     #: Work started without waiting for it (run_in_background), until it finishes.
@@ -128,6 +132,7 @@ class GatewayState:
 
     def add_call(self, call: Call) -> None:
         """Register a live call."""
+        self.no_calls.clear()
         self.calls[call.session_id] = call
         if call.call_id is not None:
             self.calls_by_id[call.call_id] = call
@@ -137,6 +142,8 @@ class GatewayState:
         self.calls.pop(call.session_id, None)
         if call.call_id is not None:
             self.calls_by_id.pop(call.call_id, None)
+        if not self.calls:
+            self.no_calls.set()
         self.remember_trail(call.trail)
 
     def remember_trail(self, trail: CallTrail) -> None:

@@ -217,12 +217,21 @@ class AppendingStore(SpendStore):
     journal: SpendJournal | None = None
 
     async def settle(
-        self, call_id: str, seq: int, actual: int, now_ms: int, end_reason: str
+        self,
+        call_id: str,
+        seq: int,
+        actual: int,
+        now_ms: int,
+        end_reason: str,
+        *,
+        unconnected_only: bool = False,
     ) -> SettleResult:
         if self.journal is not None:
             journal, self.journal = self.journal, None
             await journal.record_settle("call_late", 1, 99, NOW, "hangup")
-        return await super().settle(call_id, seq, actual, now_ms, end_reason)
+        return await super().settle(
+            call_id, seq, actual, now_ms, end_reason, unconnected_only=unconnected_only
+        )
 
 
 async def test_records_appended_during_a_replay_are_kept(

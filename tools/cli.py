@@ -49,12 +49,11 @@ def _setup_logging(level: str) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the gateway under uvicorn."""
-    import uvicorn
-
     from rutster.base.env_values import ConfigError
     from rutster.gateway.app import create_app
     from rutster.gateway.config import GatewayConfig
     from rutster.gateway.server import (
+        DrainingServer,
         limit_numeric_threads,
         listen_socket,
         raise_open_file_limit,
@@ -78,8 +77,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    server = uvicorn.Server(
-        uvicorn_config(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
+    app = create_app(config)
+    server = DrainingServer(
+        uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level),
+        app.state.gateway,
+        config.drain_timeout_s,
     )
     raise_open_file_limit()
     limit_numeric_threads()

@@ -187,6 +187,8 @@ def gateway_process(
             env={
                 "RUTSTER_PUBLIC_URL": f"http://{LOOPBACK}:{port}",
                 "RUTSTER_DATA_DIR": data_dir,
+                # Service.stop means stop now: no drain, unless the caller asks for one.
+                "RUTSTER_DRAIN_TIMEOUT_S": "0",
                 **env,
             },
             quiet=quiet,

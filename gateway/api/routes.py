@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
-from rutster.gateway.admission import Refused, admit_call
+from rutster.gateway.admission import REASON_DRAINING, Refused, admit_call
 from rutster.gateway.api.api_keys import (
     KeyStoreUnavailable,
     Principal,
@@ -273,6 +273,8 @@ async def create_call(request: Request, principal: Principal) -> Response:
         ),
     )
     if isinstance(admitted, Refused):
+        if admitted.reason == REASON_DRAINING:
+            raise unavailable("this gateway is draining (stopping); place the call on another")
         raise refused(admitted.reason, f"the spend gate refused the call: {admitted.reason}")
     if admitted.degraded:
         # Fail-open admission with Redis down: nothing to read the call back from.

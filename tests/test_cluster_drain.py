@@ -1,0 +1,109 @@
+"""Draining a node: SIGTERM stops admissions there, its calls end with ``shutdown`` by the
+deadline, and a second node sharing the Redis keeps its calls.
+
+Two ``rutster serve`` processes (own ports, own node ids) on the suite's Redis, each
+carrying a call of the echo brain. Node A gets SIGTERM with a 3 s drain deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import signal
+import time
+
+import httpx
+
+from rutster.brains.echo import EchoBrain
+from rutster.spend.store import CallRecord, SpendStore, redis_client
+from rutster.tools.launcher import LOOPBACK, Service, gateway_process
+from rutster.tools.twilio_simulator import TwilioSimulator, new_sid
+from tests.conftest import suite_redis_url, unique_prefix
+from tests.echo_checks import assert_echo_intact
+
+#: Node A's drain deadline (RUTSTER_DRAIN_TIMEOUT_S).
+DRAIN_S = 3.0
+#: What ending the calls and stopping the process may add to it.
+STOP_MARGIN_S = 4.0
+TENANT = "default"
+
+
+async def record_of(store: SpendStore, call_sid: str) -> CallRecord | None:
+    records, _ = await store.list_calls(TENANT, limit=50)
+    return next((r for r in records if r["provider_call_id"] == call_sid), None)
+
+
+async def wait_status(store: SpendStore, call_sid: str, status: str) -> CallRecord:
+    deadline = time.monotonic() + 10
+    while True:
+        record = await record_of(store, call_sid)
+        if record is not None and record["status"] == status:
+            return record
+        assert time.monotonic() < deadline, f"{call_sid}: {record}"
+        await asyncio.sleep(0.05)
+
+
+def url(node: Service) -> str:
+    return f"http://{LOOPBACK}:{node.port}"
+
+
+async def test_sigterm_drains_one_node_and_the_other_keeps_its_calls(
+    echo_brain: EchoBrain, speech_pcm: bytes
+) -> None:
+    prefix, token = unique_prefix(), secrets.token_urlsafe(16)
+    env = {
+        "REDIS_URL": suite_redis_url(),
+        "RUTSTER_REDIS_PREFIX": prefix,
+        "TWILIO_AUTH_TOKEN": token,
+        "RUTSTER_STREAM_SECRET": "s" * 32,
+        "RUTSTER_TAP_URL": echo_brain.url,
+        "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
+    }
+    client = redis_client(suite_redis_url())
+    store = SpendStore(client, prefix)
+    with (
+        gateway_process(
+            {**env, "RUTSTER_NODE_ID": "node-a", "RUTSTER_DRAIN_TIMEOUT_S": str(DRAIN_S)}
+        ) as a,
+        gateway_process({**env, "RUTSTER_NODE_ID": "node-b"}) as b,
+    ):
+        on_a, on_b = new_sid("CA"), new_sid("CA")
+        b_sent = speech_pcm[: 10 * 8000 * 2]
+        call_a = asyncio.create_task(
+            TwilioSimulator(url(a), auth_token=token).place_call(speech_pcm, call_sid=on_a)
+        )
+        call_b = asyncio.create_task(
+            TwilioSimulator(url(b), auth_token=token).place_call(b_sent, call_sid=on_b, tail_s=1.0)
+        )
+        try:
+            await wait_status(store, on_a, "active")
+            await wait_status(store, on_b, "active")
+            a.proc.send_signal(signal.SIGTERM)
+            stopped_at = time.monotonic()
+            async with httpx.AsyncClient(base_url=url(a), timeout=5) as http:
+                # Out of the balancer's rotation at once, and admitting nothing new.
+                health = await http.get("/healthz")
+                while health.status_code == 200:
+                    health = await http.get("/healthz")
+                assert (health.status_code, health.json()["status"]) == (503, "draining")
+            refused = await TwilioSimulator(url(a), auth_token=token).post_voice_webhook(
+                new_sid("CA"), from_="+15550001234", to="+15559990000"
+            )
+            assert refused.status_code == 200 and "<Reject" in refused.text
+            # The live call on A runs on through the drain, then ends with shutdown.
+            result_a = await asyncio.wait_for(call_a, DRAIN_S + STOP_MARGIN_S)
+            ended_in = time.monotonic() - stopped_at
+            assert DRAIN_S - 0.5 <= ended_in <= DRAIN_S + STOP_MARGIN_S
+            assert result_a.media_received > 0
+            exit_code = await asyncio.to_thread(a.proc.wait, STOP_MARGIN_S)
+            assert exit_code == 0
+            ended = await wait_status(store, on_a, "ended")
+            assert ended["end_reason"] == "shutdown" and (ended["spent"] or 0) > 0
+            # Node B never noticed: its call runs to its end, echoed whole.
+            result_b = await asyncio.wait_for(call_b, 20)
+            assert_echo_intact(b_sent, result_b)
+            assert (await wait_status(store, on_b, "ended"))["end_reason"] == "caller_hangup"
+        finally:
+            call_a.cancel()
+            call_b.cancel()
+            await client.aclose()
