@@ -18,8 +18,16 @@ from rutster.brains.echo import EchoBrain
 from rutster.spend.store import CallRecord, SpendStore, redis_client
 from rutster.tools.launcher import LOOPBACK, Service, gateway_process
 from rutster.tools.twilio_simulator import TwilioSimulator, new_sid
-from tests.conftest import suite_redis_url, unique_prefix
+from tests.conftest import (
+    TEST_AUTH_TOKEN,
+    gateway_config,
+    serve_gateway,
+    suite_redis_url,
+    tenant_key,
+    unique_prefix,
+)
 from tests.echo_checks import assert_echo_intact
+from tests.support.fake_twilio_rest import FakeTwilioRest
 
 #: Node A's drain deadline (RUTSTER_DRAIN_TIMEOUT_S).
 DRAIN_S = 3.0
@@ -107,3 +115,32 @@ async def test_sigterm_drains_one_node_and_the_other_keeps_its_calls(
             call_a.cancel()
             call_b.cancel()
             await client.aclose()
+
+
+async def test_a_draining_gateway_refuses_webhooks_and_placed_calls(echo_brain: EchoBrain) -> None:
+    account = "AC" + "4d" * 16
+    async with FakeTwilioRest(account_sid=account, auth_token=TEST_AUTH_TOKEN) as fake:
+        config = gateway_config(
+            echo_brain.url, twilio_account_sid=account, twilio_api_base_url=fake.base_url
+        )
+        async with (
+            serve_gateway(config) as gw,
+            httpx.AsyncClient(base_url=gw.url, timeout=10) as api,
+        ):
+            auth = {"Authorization": f"Bearer {await tenant_key(api, TENANT)}"}
+            gw.state.draining = True
+            placed = await api.post(
+                "/v1/calls",
+                json={"to": "+15550004444", "from": "+15550003333", "provider": "twilio"},
+                headers=auth,
+            )
+            assert placed.status_code == 503, placed.text
+            assert "draining" in placed.json()["error"]["message"]
+            webhook = await TwilioSimulator(gw.url, auth_token=TEST_AUTH_TOKEN).post_voice_webhook(
+                new_sid("CA"), from_="+15550001234", to="+15559990000"
+            )
+            assert "<Reject" in webhook.text
+            assert gw.metric("rutster_admissions_total", outcome="refused", reason="draining") == 2
+            assert fake.calls == {}  # nothing was dialled
+            health = await api.get("/healthz")
+            assert (health.status_code, health.json()["status"]) == (503, "draining")
