@@ -26,7 +26,7 @@ from rutster.gateway.api.api_keys import AdminKey, ApiKeyStore
 from rutster.gateway.api.rate_limit import RateLimiter
 from rutster.gateway.api.routes import api_routes, hang_up_local_call, unrouted
 from rutster.gateway.config import GatewayConfig
-from rutster.gateway.control_channel import ControlChannel
+from rutster.gateway.control_channel import ControlChannel, ControlOutcome
 from rutster.gateway.dashboard_feed import dashboard_routes
 from rutster.gateway.peer_faults import (
     UVICORN_ERROR_LOGGER,
@@ -148,9 +148,11 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
         with contextlib.suppress(StoreUnavailable):
             await gate.replay_journal()
 
-    async def on_control(operation: str, call_id: str) -> None:
-        if operation == "hangup":
+    async def on_control(operation: str, call_id: str) -> ControlOutcome:
+        if operation == "hangup" and call_id in state.calls_by_id:
             await hang_up_local_call(state, call_id)
+            return ControlOutcome.DONE
+        return ControlOutcome.NOT_HERE
 
     return [
         asyncio.create_task(gate.maintain(), name="spend:maintain"),

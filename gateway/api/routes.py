@@ -60,6 +60,7 @@ from rutster.gateway.api.validation import (
     read_body,
     require_json_content_type,
 )
+from rutster.gateway.control_channel import ControlOutcome
 from rutster.gateway.ingress_provider import DialFailed
 from rutster.gateway.state import GatewayState
 from rutster.protocols.call_control import CallControlFailure
@@ -362,14 +363,28 @@ async def delete_call(request: Request, principal: Principal) -> Response:
 
 
 async def _hang_up_remote_call(state: GatewayState, record: CallRecord) -> None:
-    """Ask the node that holds the call's media (the record's ``node``) to hang it up."""
+    """Ask the node that holds the call's media (the record's ``node``) to hang it up,
+    and wait for its answer (gateway/control_channel.py)."""
     if record["node"] == state.config.spend.node_id:
         await hang_up_local_call(state, record["id"])
         return
     assert state.control_channel is not None
-    delivered = await state.control_channel.send(record["node"], "hangup", record["id"])
-    if not delivered:
-        raise unavailable("the gateway holding this call is not answering; retry")
+    try:
+        outcome = await state.control_channel.request(record["node"], "hangup", record["id"])
+    except StoreUnavailable:
+        raise unavailable() from None
+    if outcome is ControlOutcome.DONE:
+        return
+    if outcome is ControlOutcome.NOT_HERE:
+        # Ended meanwhile (fine), or the record names a node that no longer holds it.
+        assert state.spend_store is not None
+        now = await state.spend_store.get_call(record["id"])
+        if now is None or call_status(now) in ("ended", "failed", "refused"):
+            return
+    log.warning(
+        "call %s: hang-up request to node %s: %s", record["id"], record["node"], outcome.value
+    )
+    raise unavailable("the gateway holding this call did not confirm the hang-up; retry")
 
 
 async def hang_up_local_call(state: GatewayState, call_id: str) -> None:
