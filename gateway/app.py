@@ -130,6 +130,7 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
     gate = SpendGate(store, prices, journal, policy=settings.policy, node=settings.node_id)
     state.spend_gate = gate
     state.metrics.spend_store_errors.set_function(lambda: gate.store_errors)
+    state.metrics.orphaned_calls.set_function(lambda: gate.orphans_settled)
     state.api_keys = ApiKeyStore(redis, settings.redis_prefix)
     if settings.admin_key is not None:
         state.admin_key = AdminKey(settings.admin_key)
@@ -154,8 +155,11 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
             return ControlOutcome.DONE
         return ControlOutcome.NOT_HERE
 
+    with contextlib.suppress(StoreUnavailable):
+        await gate.join_cluster()
     return [
         asyncio.create_task(gate.maintain(), name="spend:maintain"),
+        asyncio.create_task(gate.keep_node_alive(), name="spend:node"),
         asyncio.create_task(channel.listen(on_control), name="control:listen"),
     ]
 
@@ -176,6 +180,9 @@ async def stop_spend_services(state: GatewayState, tasks: list[asyncio.Task[None
                 ", ".join(sorted(t.get_name() for t in pending)),
                 TASK_STOP_TIMEOUT_S,
             )
+    if state.spend_gate is not None and not state.calls:
+        # Its calls are over (ended and settled by the lifespan): out of the directory.
+        await state.spend_gate.leave_cluster()
     if state.control_channel is not None:
         await state.control_channel.aclose()
     if state.redis is not None:

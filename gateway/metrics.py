@@ -204,6 +204,12 @@ class GatewayMetrics:
             "Redis failures the spend gate met (admission, metering, settlement) since start",
             registry=r,
         )
+        self.orphaned_calls = Gauge(
+            "rutster_orphaned_calls_settled",
+            "Calls of dead gateway nodes this node settled from their last reported cost "
+            "(end reason node_lost) since start",
+            registry=r,
+        )
         self.api_auth_failures = Counter(
             "rutster_api_auth_failures", "REST API requests with an unknown key", registry=r
         )

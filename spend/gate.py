@@ -44,6 +44,7 @@ from rutster.spend.prices import PriceTable, UsageReport
 from rutster.spend.store import (
     DEFAULT_LEASE_MS,
     HEARTBEAT_INTERVAL_MS,
+    NODE_BEAT_INTERVAL_MS,
     AdmitRequest,
     SpendStore,
     StoreUnavailable,
@@ -157,6 +158,8 @@ class SpendGate:
         self._wall_ms = clock_wall_ms
         #: Redis failures met while admitting, metering or settling (a gateway metric).
         self.store_errors = 0
+        #: Calls of dead nodes this gateway settled (lua/orphans.lua).
+        self.orphans_settled = 0
 
     async def tenant_limits(self, tenant: str) -> TenantLimits:
         """``tenant``'s stored limits; the defaults are stored first if it has none."""
@@ -327,6 +330,40 @@ class SpendGate:
                 report.remaining,
             )
         return report.applied
+
+    async def join_cluster(self) -> None:
+        """At startup: settle what a previous life of this node id left active (this
+        process holds no call yet), then beat into the node directory."""
+        now = self._wall_ms()
+        report = await self.store.settle_orphans(now, restarted_node=self.node)
+        self._count_orphans(report.settled, "its previous run")
+        await self.store.node_beat(self.node, now)
+
+    async def keep_node_alive(self) -> None:
+        """Forever: beat into the node directory, and settle the live calls of nodes
+        that stopped beating (any node may; the script is safe to race)."""
+        while True:
+            await asyncio.sleep(NODE_BEAT_INTERVAL_MS / 1_000)
+            with contextlib.suppress(StoreUnavailable):
+                now = self._wall_ms()
+                await self.store.node_beat(self.node, now)
+                report = await self.store.settle_orphans(now)
+                self._count_orphans(report.settled, "dead nodes")
+
+    async def leave_cluster(self) -> None:
+        """At a clean stop, its calls over: out of the node directory."""
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.node_leave(self.node)
+
+    def _count_orphans(self, settled: int, whose: str) -> None:
+        if settled:
+            self.orphans_settled += settled
+            log.warning(
+                "settled %d call(s) left active by %s from their last reported cost "
+                "(end reason node_lost)",
+                settled,
+                whose,
+            )
 
     async def maintain(self) -> None:
         """Forever: replay the journal and reap calls whose gateway died."""

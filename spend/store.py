@@ -103,6 +103,14 @@ RECEIPTS_UNSETTLED_TTL_S = RECEIPT_RETENTION_S + MAX_CALL_DURATION_S
 DEFAULT_LEASE_MS = 30_000
 #: Suggested heartbeat period for the gate (lease / 6, see DEFAULT_LEASE_MS).
 HEARTBEAT_INTERVAL_MS = 5_000
+#: How often each gateway node beats into the node directory (``P:nodes``). Seed
+#: decision: often enough that a dead node is seen within seconds, one ZADD a beat.
+NODE_BEAT_INTERVAL_MS = 2_000
+#: A node whose last beat is older than this is dead and its live calls orphans
+#: (lua/orphans.lua): five beats missed, so a node whose loop stalls a few seconds
+#: under load is not taken for dead. Seed decision. A dead node's calls are settled
+#: within this plus one beat interval of its last beat.
+NODE_DEAD_AFTER_MS = 10_000
 #: Calls one reap run settles at most: Redis runs one script at a time, so a run must
 #: stay short. Measured on the CI machine: ~25 µs per reaped call, so a full batch
 #: holds Redis ~2.5 ms.
@@ -152,6 +160,8 @@ CAMPAIGN_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
 PREFIX_PATTERN = r"[A-Za-z0-9_.:-]{1,64}"
 END_REASON_PATTERN = r"[A-Za-z0-9_.:-]{1,64}"
 _CALL_RE = re.compile(CALL_ID_PATTERN)
+#: A gateway node's id (RUTSTER_NODE_ID; gateway/control_channel.py checks the same).
+_NODE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _CAMPAIGN_RE = re.compile(CAMPAIGN_PATTERN)
 _PREFIX_RE = re.compile(PREFIX_PATTERN)
 _END_REASON_RE = re.compile(END_REASON_PATTERN)
@@ -392,6 +402,14 @@ class HoldResult:
 
 
 @dataclass(frozen=True, slots=True)
+class OrphanReport:
+    """What :meth:`SpendStore.settle_orphans` did: calls settled, dead nodes forgotten."""
+
+    settled: int
+    nodes_forgotten: int
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectResult:
     """What :meth:`SpendStore.connect` found: ``won`` (this node's stream made the call
     active), the call's status after it, and the node that owns the call's media."""
@@ -568,6 +586,11 @@ class StoreKeys:
         """Settled spend in one hour (int), hour as YYYYMMDDHH."""
         return self.tenant(tenant, f"h:{hour}")
 
+    @property
+    def nodes(self) -> str:
+        """``P:nodes`` zset: gateway node -> its last beat (unix ms)."""
+        return f"{self.prefix}:nodes"
+
     def call(self, call_id: str) -> str:
         """``P:call:{id}`` hash."""
         return f"{self.prefix}:call:{call_id}"
@@ -601,6 +624,7 @@ _SCRIPT_NAMES: Final = (
     "reap",
     "annotate",
     "connect",
+    "orphans",
 )
 
 
@@ -669,6 +693,7 @@ class SpendStore:
         self._reap = scripts["reap"]
         self._annotate = scripts["annotate"]
         self._connect = scripts["connect"]
+        self._orphans = scripts["orphans"]
 
     def __repr__(self) -> str:
         return f"SpendStore(prefix={self.keys.prefix!r})"
@@ -904,9 +929,72 @@ class SpendStore:
         _check_count("now_ms", now_ms, _MAX_UNIX_MS)
         with _unavailable_as("connect"):
             won, status, owner = await self._connect(
-                keys=[self.keys.call(call_id)], args=[node, now_ms]
+                keys=[self.keys.call(call_id)], args=[node, now_ms, self.keys.prefix, call_id]
             )
         return ConnectResult(bool(won), str(status), str(owner))
+
+    # -- the node directory ------------------------------------------------------------
+
+    async def node_beat(self, node: str, now_ms: int) -> None:
+        """``node`` is alive at ``now_ms`` (every gateway, every
+        :data:`NODE_BEAT_INTERVAL_MS`)."""
+        _check_id("node", node, _NODE_RE)
+        _check_count("now_ms", now_ms, _MAX_UNIX_MS)
+        with _unavailable_as("node_beat"):
+            await self.redis.zadd(self.keys.nodes, {node: now_ms})
+
+    async def node_leave(self, node: str) -> None:
+        """``node`` stopped cleanly (its calls are over): out of the directory."""
+        _check_id("node", node, _NODE_RE)
+        with _unavailable_as("node_leave"):
+            await self.redis.zrem(self.keys.nodes, node)
+
+    async def nodes(self) -> dict[str, int]:
+        """Every node in the directory and its last beat (unix ms)."""
+        with _unavailable_as("nodes"):
+            raw = cast(
+                list[tuple[str, float]],
+                await self.redis.zrange(self.keys.nodes, 0, -1, withscores=True),
+            )
+        return {node: int(score) for node, score in raw}
+
+    async def settle_orphans(
+        self,
+        now_ms: int,
+        *,
+        dead_after_ms: int = NODE_DEAD_AFTER_MS,
+        restarted_node: str = "",
+        limit: int = REAP_BATCH,
+    ) -> OrphanReport:
+        """Settle the live calls of nodes that have not beaten for ``dead_after_ms`` (and
+        of ``restarted_node``, this node's previous life under the same id) from their
+        last reported cost (see ``lua/orphans.lua``). Safe to race from every node."""
+        _check_count("now_ms", now_ms, _MAX_UNIX_MS)
+        _check_count("dead_after_ms", dead_after_ms, _MAX_UNIX_MS, minimum=1)
+        _check_count("limit", limit, 100_000, minimum=1)
+        if restarted_node:
+            _check_id("node", restarted_node, _NODE_RE)
+        _, _, hour = time_buckets(now_ms)
+        k = self.keys
+        with _unavailable_as("settle_orphans"):
+            settled, forgotten = await self._orphans(
+                keys=[k.nodes, k.active, k.ledger, k.ended],
+                args=[
+                    k.prefix,
+                    now_ms,
+                    now_ms - dead_after_ms,
+                    limit,
+                    hour,
+                    self.retention_s,
+                    self.ledger_max_entries,
+                    RECENT_STREAM_MAX_ENTRIES,
+                    DAY_KEY_TTL_S,
+                    MONTH_KEY_TTL_S,
+                    HOUR_KEY_TTL_S,
+                    restarted_node,
+                ],
+            )
+        return OrphanReport(int(settled), int(forgotten))
 
     async def update_call(
         self,

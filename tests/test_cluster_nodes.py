@@ -15,13 +15,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
 from rutster.brains.echo import EchoBrain
-from rutster.spend.store import CallRecord, SpendStore, redis_client
+from rutster.spend.store import (
+    HEARTBEAT_INTERVAL_MS,
+    NODE_BEAT_INTERVAL_MS,
+    NODE_DEAD_AFTER_MS,
+    CallRecord,
+    SpendStore,
+    redis_client,
+)
 from rutster.tools.launcher import LOOPBACK, Service, gateway_process
 from rutster.tools.twilio_simulator import TwilioSimulator, new_sid
 from tests.conftest import TEST_ADMIN_KEY, suite_redis_url, tenant_key, unique_prefix
@@ -145,3 +153,36 @@ async def test_node_a_hangs_up_a_call_whose_media_is_on_node_b(
     ended = await nodes.record_when(call_sid, "ended", timeout_s=10)
     assert ended["end_reason"] == "api_hangup"
     assert (ended["spent"] or 0) > 0
+
+
+async def test_node_b_killed_has_its_call_settled_within_the_bound_and_the_books_balance(
+    nodes: TwoNodes, speech_pcm: bytes
+) -> None:
+    call_sid = new_sid("CA")
+    placed = asyncio.create_task(nodes.simulator().place_call(speech_pcm, call_sid=call_sid))
+    try:
+        live = await nodes.record_when(call_sid, "active", timeout_s=10)
+        assert live["node"] == "node-b"
+        # Long enough for the call's meter to have reported a running cost.
+        await asyncio.sleep(HEARTBEAT_INTERVAL_MS / 1_000 + 1)
+        nodes.b.proc.kill()
+        killed_at = time.monotonic()
+        bound_s = (NODE_DEAD_AFTER_MS + 2 * NODE_BEAT_INTERVAL_MS) / 1_000
+        ended = await nodes.record_when(call_sid, "ended", timeout_s=bound_s + 5)
+        took_s = time.monotonic() - killed_at
+    finally:
+        placed.cancel()
+    # Node A saw node B stop beating and settled its call from its last figures.
+    assert ended["end_reason"] == "node_lost"
+    assert took_s <= bound_s + 1, f"settled {took_s:.1f} s after the kill"
+    assert 0 < (ended["spent"] or 0) <= ended["reserved"]
+    assert "node-b" not in await nodes.store.nodes()
+    # The books balance to the micro: what the ledger settled is what the day spent,
+    # and nothing is left reserved.
+    raw = await nodes.store.redis.hmget(
+        nodes.store.keys.day(TENANT, ended["day"]), ["spent", "reserved"]
+    )
+    ledger = await nodes.store.ledger(1_000)
+    settled = sum(int(e["amount"]) for e in ledger if e["type"] in ("settle", "reap", "adjust"))
+    assert (int(raw[0] or 0), int(raw[1] or 0)) == (settled, 0)
+    assert settled == ended["spent"]

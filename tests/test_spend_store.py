@@ -32,6 +32,7 @@ from rutster.spend.store import (
     AdmitRequest,
     ConnectResult,
     HoldResult,
+    OrphanReport,
     RefusalReason,
     SpendStore,
     StoreUnavailable,
@@ -569,6 +570,73 @@ async def test_connect_and_the_unconnected_settlement_race_to_one_outcome(
     settles = [e for e in await ledger_all(store) if e["type"] == "settle"]
     assert len(settles) == len(calls) - len(won)
     assert await store.redis.zcard(store.keys.active) == len(won)
+
+
+async def test_the_live_calls_of_a_dead_node_are_settled_from_their_last_figures(
+    store: SpendStore,
+) -> None:
+    for call_id, node in (("call_b1", "node-b"), ("call_b2", "node-b"), ("call_a1", "node-a")):
+        await store.admit(req(call_id, quantum=50_000))
+        assert (await store.connect(call_id, node, NOW + 100)).won
+        await store.heartbeat(call_id, 1, NOW + 5_000, 12_345, lease_ms=LEASE)
+    await store.admit(req("call_b_ringing"))  # admitted by node B, never connected
+    await store.node_beat("node-a", NOW + 19_000)
+    await store.node_beat("node-b", NOW + 6_000)
+    assert await store.nodes() == {"node-a": NOW + 19_000, "node-b": NOW + 6_000}
+    # Node B's last beat is 14 s old at NOW + 20 s: dead after 10 s.
+    report = await store.settle_orphans(NOW + 20_000, dead_after_ms=10_000)
+    assert report == OrphanReport(settled=2, nodes_forgotten=1)
+    for call_id in ("call_b1", "call_b2"):
+        record = await store.get_call(call_id)
+        assert record is not None
+        assert (record["status"], record["end_reason"], record["spent"]) == (
+            "ended",
+            "node_lost",
+            12_345,
+        )
+        (receipt,) = await store.receipts(call_id)
+        assert (receipt["type"], receipt["reason"], receipt["actual"]) == (
+            "settled",
+            "node_lost",
+            "12345",
+        )
+    live, ringing = await store.get_call("call_a1"), await store.get_call("call_b_ringing")
+    assert live is not None and live["status"] == "active"
+    assert ringing is not None and ringing["status"] == "admitted"  # left to its lease
+    assert await store.nodes() == {"node-a": NOW + 19_000}
+    # The money: two calls booked at their last cost, their reservations released.
+    entries = await ledger_all(store)
+    assert sorted(int(e["amount"]) for e in entries if e["type"] == "reap") == [12_345, 12_345]
+    spent, reserved = await day_totals(store)
+    assert spent == ledger_spent(entries) == 2 * 12_345
+    assert reserved == 50_000 + 10_000  # call_a1 and the ringing call still hold theirs
+    # Node B comes back and settles one for real: corrected once.
+    late = await store.settle("call_b1", 2, 20_000, NOW + 21_000, "caller_hangup")
+    assert late.status == "adjusted"
+    assert (await day_totals(store))[0] == ledger_spent(await ledger_all(store)) == 32_345
+    # Nothing left to do: a second sweep settles nothing.
+    assert await store.settle_orphans(NOW + 20_000, dead_after_ms=10_000) == OrphanReport(0, 0)
+
+
+async def test_a_node_restarting_under_its_id_settles_its_previous_lifes_calls(
+    store: SpendStore,
+) -> None:
+    await store.admit(req("call_old"))
+    await store.admit(req("call_done"))
+    for call_id in ("call_old", "call_done"):
+        assert (await store.connect(call_id, "node-a", NOW + 100)).won
+    # A call settled the ordinary way leaves its node's set.
+    await store.settle("call_done", 1, 700, NOW + 2_000, "caller_hangup")
+    await store.node_beat("node-a", NOW + 2_000)
+    assert await store.settle_orphans(NOW + 3_000) == OrphanReport(0, 0)  # alive
+    report = await store.settle_orphans(NOW + 3_000, restarted_node="node-a")
+    assert report.settled == 1
+    old = await store.get_call("call_old")
+    assert old is not None and (old["end_reason"], old["spent"]) == ("node_lost", 0)
+    done = await store.get_call("call_done")
+    assert done is not None and done["end_reason"] == "caller_hangup"
+    with pytest.raises(ValueError):
+        await store.node_beat("node a", NOW)
 
 
 async def test_reap_settles_expired_leases_conservatively(store: SpendStore) -> None:

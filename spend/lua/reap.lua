@@ -24,7 +24,8 @@ local reaped = 0
 for _, call_id in ipairs(expired) do
   redis.call('ZREM', KEYS[1], call_id)
   local call_key = prefix .. ':call:' .. call_id
-  local c = redis.call('HMGET', call_key, 'tenant', 'day', 'month', 'status', 'reserved', 'cost')
+  local c = redis.call('HMGET', call_key, 'tenant', 'day', 'month', 'status', 'reserved', 'cost',
+    'node')
   if c[1] and (c[4] == 'admitted' or c[4] == 'active') then
     local tenant = c[1]
     local reserved = num(c[5])
@@ -32,6 +33,9 @@ for _, call_id in ipairs(expired) do
     local tenant_key = prefix .. ':tenant:' .. tenant
     book(tenant_key, c[2], c[3], hour, amount, reserved, ARGV[8], ARGV[9], ARGV[10])
     redis.call('ZREM', tenant_key .. ':active', call_id)
+    if c[4] == 'active' and c[7] then
+      redis.call('SREM', prefix .. ':node:' .. c[7] .. ':calls', call_id)
+    end
     redis.call('HSET', call_key, 'status', 'ended', 'spent', int(amount), 'ended_ms', now_s,
       'end_reason', 'lease_expired', 'reaped', '1', 'owner_settled', '0', 'hour', hour)
     redis.call('EXPIRE', call_key, ARGV[5])

@@ -33,7 +33,7 @@ local now_s, end_reason = ARGV[5], ARGV[6]
 -- int() and num() come from common.lua.
 
 local c = redis.call('HMGET', KEYS[1], 'tenant', 'day', 'month', 'status', 'reserved', 'seq',
-  'spent', 'reaped', 'owner_settled', 'hour')
+  'spent', 'reaped', 'owner_settled', 'hour', 'node')
 if not c[1] then
   return {0, 'unknown_call', 0, 0}
 end
@@ -66,6 +66,9 @@ if ARGV[14] == '1' and status ~= 'admitted' then
 end
 
 book(tenant_key, c[2], c[3], ARGV[7], actual, reserved, ARGV[11], ARGV[12], ARGV[13])
+if status == 'active' and c[11] then
+  redis.call('SREM', prefix .. ':node:' .. c[11] .. ':calls', call_id)
+end
 redis.call('ZREM', KEYS[2], call_id)
 redis.call('ZREM', tenant_key .. ':active', call_id)
 redis.call('HSET', KEYS[1], 'status', 'ended', 'spent', int(actual), 'ended_ms', now_s,
