@@ -186,3 +186,63 @@ async def test_node_b_killed_has_its_call_settled_within_the_bound_and_the_books
     settled = sum(int(e["amount"]) for e in ledger if e["type"] in ("settle", "reap", "adjust"))
     assert (int(raw[0] or 0), int(raw[1] or 0)) == (settled, 0)
     assert settled == ended["spent"]
+
+
+async def test_a_tenant_cap_of_two_holds_with_calls_on_both_nodes(
+    echo_brain: EchoBrain, speech_pcm: bytes
+) -> None:
+    # Each node its own public URL here: Twilio calls one number's webhook on node A,
+    # another's on node B, and each call's media stays where its webhook went.
+    prefix, token = unique_prefix(), secrets.token_urlsafe(16)
+    env = {
+        "REDIS_URL": suite_redis_url(),
+        "RUTSTER_REDIS_PREFIX": prefix,
+        "TWILIO_AUTH_TOKEN": token,
+        "RUTSTER_STREAM_SECRET": "s" * 32,
+        "RUTSTER_TAP_URL": echo_brain.url,
+        "RUTSTER_DEFAULT_MAX_CONCURRENT": "2",
+        "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
+    }
+    client = redis_client(suite_redis_url())
+    store = SpendStore(client, prefix)
+    try:
+        with node_processes(env) as (a, b):
+            twilio = {
+                node.port: TwilioSimulator(f"http://{LOOPBACK}:{node.port}", auth_token=token)
+                for node in (a, b)
+            }
+            first, second = new_sid("CA"), new_sid("CA")
+            calls = [
+                asyncio.create_task(
+                    twilio[a.port].place_call(speech_pcm[: 8 * 16_000], call_sid=first)
+                ),
+                asyncio.create_task(
+                    twilio[b.port].place_call(speech_pcm[: 8 * 16_000], call_sid=second)
+                ),
+            ]
+            try:
+                nodes = TwoNodes(a, b, store, token, "")
+                on_a = await nodes.record_when(first, "active", timeout_s=10)
+                on_b = await nodes.record_when(second, "active", timeout_s=10)
+                assert (on_a["node"], on_b["node"]) == ("node-a", "node-b")
+                # Two live calls, one on each node: a third is refused on either.
+                for node in (a, b, a, b):
+                    answer = await twilio[node.port].post_voice_webhook(
+                        new_sid("CA"), from_="+15550007777", to="+15559990000"
+                    )
+                    assert "<Reject" in answer.text, answer.text
+                await asyncio.gather(*calls)
+            finally:
+                for call in calls:
+                    call.cancel()
+            # Both ended: a new call is admitted again.
+            await nodes.record_when(second, "ended", timeout_s=10)
+            await nodes.record_when(first, "ended", timeout_s=10)
+            answer = await twilio[b.port].post_voice_webhook(
+                new_sid("CA"), from_="+15550007777", to="+15559990000"
+            )
+            assert "<Stream" in answer.text, answer.text
+        refusals = await store.recent_refusals(10)
+        assert [r["reason"] for r in refusals] == ["tenant_concurrency"] * 4
+    finally:
+        await client.aclose()
