@@ -26,7 +26,13 @@ from rutster.gateway.api.api_keys import AdminKey, ApiKeyStore
 from rutster.gateway.api.rate_limit import RateLimiter
 from rutster.gateway.api.routes import api_routes, hang_up_local_call, unrouted
 from rutster.gateway.config import GatewayConfig
-from rutster.gateway.control_channel import ControlChannel, ControlOutcome
+from rutster.gateway.control_channel import (
+    OPERATION_HANGUP,
+    ControlChannel,
+    ControlOutcome,
+    ControlReply,
+    ControlRequest,
+)
 from rutster.gateway.dashboard_feed import dashboard_routes
 from rutster.gateway.peer_faults import (
     UVICORN_ERROR_LOGGER,
@@ -149,11 +155,17 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
         with contextlib.suppress(StoreUnavailable):
             await gate.replay_journal()
 
-    async def on_control(operation: str, call_id: str) -> ControlOutcome:
-        if operation == "hangup" and call_id in state.calls_by_id:
-            await hang_up_local_call(state, call_id)
-            return ControlOutcome.DONE
-        return ControlOutcome.NOT_HERE
+    async def on_control(request: ControlRequest) -> ControlReply:
+        if request.operation == OPERATION_HANGUP:
+            if request.call_id not in state.calls_by_id:
+                return ControlReply(ControlOutcome.NOT_HERE)
+            await hang_up_local_call(state, request.call_id)
+            return ControlReply(ControlOutcome.DONE)
+        handler = state.control_handlers.get(request.operation)
+        if handler is None:
+            log.warning("control channel: no handler for operation %r", request.operation)
+            return ControlReply(ControlOutcome.FAILED, "unknown operation")
+        return await handler(request)
 
     with contextlib.suppress(StoreUnavailable):
         await gate.join_cluster()

@@ -7,8 +7,9 @@ channel carries the request there and its answer back:
 1. the requester ``PUBLISH``es ``P:control:{node}`` a small JSON message with a
    fresh request id (``PUBLISH`` answers how many subscribers got it, so a node
    that is not listening is known at once);
-2. the owner runs it and ``SET``s ``P:control_reply:{id}`` to the outcome
-   (``done``, ``not_here``, ``failed``), kept :data:`REPLY_TTL_MS`;
+2. the owner runs it and ``SET``s ``P:control_reply:{id}`` to its reply (the
+   outcome, ``done``, ``not_here`` or ``failed``, and a value, as JSON), kept
+   :data:`REPLY_TTL_MS`;
 3. the requester reads that key until the answer comes or
    :data:`REPLY_TIMEOUT_S` passes (``no_answer``).
 
@@ -27,6 +28,7 @@ import logging
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis import exceptions as redis_errors
@@ -36,10 +38,15 @@ from rutster.spend.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-#: Largest control message accepted (they are a few dozen bytes).
-MAX_MESSAGE_BYTES = 1024
-#: Operations a control message may ask for.
-OPERATIONS = frozenset({"hangup"})
+#: Largest control message accepted: a hang-up is a few dozen bytes; a SIP dial
+#: carries the brain URL (up to 2 KiB, gateway/tap_allowlist.py) and the call context.
+MAX_MESSAGE_BYTES = 8 * 1024
+#: Most arguments one request carries, and the longest value of one (a reply's too).
+MAX_ARGS = 16
+MAX_VALUE_CHARS = 4 * 1024
+#: The hang-up every node answers (gateway/app.py); providers add their own
+#: operations (``GatewayState.control_handlers``).
+OPERATION_HANGUP = "hangup"
 #: Wait between attempts to (re)subscribe while Redis is away. Seed decision.
 RESUBSCRIBE_DELAY_S = 1.0
 #: How long a requester waits for the owner's answer. Seed decision: a hang-up on the
@@ -53,6 +60,8 @@ REPLY_TTL_MS = 60_000
 _CALL_ID = re.compile(r"call_[0-9a-f]{1,64}")
 _NODE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _REQUEST_ID = re.compile(r"[0-9a-f]{16,64}")
+_OPERATION = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_ARG_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 class ControlOutcome(enum.StrEnum):
@@ -73,8 +82,36 @@ class ControlOutcome(enum.StrEnum):
 #: Outcomes an owner may answer with.
 _ANSWERS = frozenset({ControlOutcome.DONE, ControlOutcome.NOT_HERE, ControlOutcome.FAILED})
 
-#: What runs a message: ``(operation, call_id)`` to its outcome.
-ControlHandler = Callable[[str, str], Awaitable[ControlOutcome]]
+
+@dataclass(frozen=True, slots=True)
+class ControlRequest:
+    """One request to this node: an operation on a call, with string arguments."""
+
+    operation: str
+    call_id: str
+    args: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlReply:
+    """The owner's answer: its outcome and a value (e.g. a provider call id)."""
+
+    outcome: ControlOutcome
+    value: str = ""
+
+
+#: What runs a request on the node it was sent to.
+ControlHandler = Callable[[ControlRequest], Awaitable[ControlReply]]
+
+
+def _check_args(args: Mapping[str, str]) -> None:
+    if len(args) > MAX_ARGS:
+        raise ValueError("too many arguments")
+    for name, value in args.items():
+        if not isinstance(name, str) or not _ARG_NAME.fullmatch(name):
+            raise ValueError("bad argument name")
+        if not isinstance(value, str) or len(value) > MAX_VALUE_CHARS:
+            raise ValueError("bad argument value")
 
 
 class ControlChannel:
@@ -97,23 +134,30 @@ class ControlChannel:
         self._running: set[asyncio.Task[None]] = set()
 
     async def _answer(
-        self, handler: ControlHandler, operation: str, call_id: str, request_id: str | None
+        self, handler: ControlHandler, request: ControlRequest, request_id: str | None
     ) -> None:
-        """Run one request and leave its outcome where the requester looks."""
+        """Run one request and leave the reply where the requester looks."""
         try:
-            outcome = await handler(operation, call_id)
+            reply = await handler(request)
         except Exception:  # one bad request must not stop the channel
             log.exception("control channel: handler failed")
-            outcome = ControlOutcome.FAILED
+            reply = ControlReply(ControlOutcome.FAILED)
         if request_id is None:
             return
+        body = json.dumps({"outcome": reply.outcome.value, "value": reply.value[:MAX_VALUE_CHARS]})
         try:
-            await self._redis.set(self.reply_key(request_id), outcome.value, px=REPLY_TTL_MS)
+            await self._redis.set(self.reply_key(request_id), body, px=REPLY_TTL_MS)
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
             log.warning("control channel: could not answer request %s (Redis)", request_id)
 
     async def aclose(self) -> None:
-        """Close the listener's client (when it is not the shared one)."""
+        """Stop the requests still running (the app is stopping) and close the
+        listener's client (when it is not the shared one)."""
+        running = list(self._running)
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running, timeout=1.0)
         if self._listener is not self._redis:
             await self._listener.aclose()
 
@@ -126,39 +170,50 @@ class ControlChannel:
         return f"{self._prefix}:control_reply:{request_id}"
 
     async def request(
-        self, node: str, operation: str, call_id: str, *, timeout_s: float = REPLY_TIMEOUT_S
-    ) -> ControlOutcome:
-        """Ask ``node`` to run ``operation`` on ``call_id`` and wait for its answer.
+        self,
+        node: str,
+        operation: str,
+        call_id: str,
+        *,
+        args: Mapping[str, str] | None = None,
+        timeout_s: float = REPLY_TIMEOUT_S,
+    ) -> ControlReply:
+        """Ask ``node`` to run ``operation`` on ``call_id`` and wait for its reply.
 
-        Raises :class:`StoreUnavailable` when Redis cannot be reached.
+        Raises ``ValueError`` for a malformed request, :class:`StoreUnavailable` when
+        Redis cannot be reached.
         """
-        if operation not in OPERATIONS or not _CALL_ID.fullmatch(call_id):
-            raise ValueError("unknown operation or malformed call id")
+        args = dict(args or {})
+        if not _OPERATION.fullmatch(operation) or not _CALL_ID.fullmatch(call_id):
+            raise ValueError("malformed operation or call id")
+        _check_args(args)
         if not _NODE.fullmatch(node):
-            return ControlOutcome.NO_LISTENER
+            return ControlReply(ControlOutcome.NO_LISTENER)
         request_id = secrets.token_hex(8)
-        message = json.dumps({"op": operation, "call": call_id, "id": request_id})
+        message = json.dumps({"op": operation, "call": call_id, "id": request_id, "args": args})
+        if len(message.encode()) > MAX_MESSAGE_BYTES:
+            raise ValueError("control message too large")
         key = self.reply_key(request_id)
         try:
             receivers = await self._redis.publish(self.channel(node), message)
             if not int(receivers):
-                return ControlOutcome.NO_LISTENER
+                return ControlReply(ControlOutcome.NO_LISTENER)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
             while True:
                 answer = await self._redis.get(key)
-                if answer in _ANSWERS:
-                    return ControlOutcome(answer)
+                if answer is not None:
+                    return _parse_reply(answer)
                 if loop.time() >= deadline:
-                    return ControlOutcome.NO_ANSWER
+                    return ControlReply(ControlOutcome.NO_ANSWER)
                 await asyncio.sleep(REPLY_POLL_S)
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
             raise StoreUnavailable("control request", exc) from exc
 
-    def parse(self, data: Any) -> tuple[str, str, str | None] | None:
-        """A received message as ``(operation, call_id, request_id)``, or None (counted)
-        if invalid. ``request_id`` is None for a message that wants no answer (sent by
-        a node of an older version, during a rolling upgrade)."""
+    def parse(self, data: Any) -> tuple[ControlRequest, str | None] | None:
+        """A received message as ``(request, request_id)``, or None (counted) if
+        invalid. ``request_id`` is None for a message that wants no answer (sent by a
+        node of an older version, during a rolling upgrade)."""
         try:
             raw = data.encode() if isinstance(data, str) else bytes(data)
             if len(raw) > MAX_MESSAGE_BYTES:
@@ -167,20 +222,24 @@ class ControlChannel:
             if not isinstance(message, Mapping):
                 raise ValueError("not an object")
             operation, call_id = message.get("op"), message.get("call")
-            if operation not in OPERATIONS or not isinstance(call_id, str):
-                raise ValueError("unknown operation")
-            if not _CALL_ID.fullmatch(call_id):
+            if not isinstance(operation, str) or not _OPERATION.fullmatch(operation):
+                raise ValueError("bad operation")
+            if not isinstance(call_id, str) or not _CALL_ID.fullmatch(call_id):
                 raise ValueError("bad call id")
             request_id = message.get("id")
             if request_id is not None and (
                 not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id)
             ):
                 raise ValueError("bad request id")
+            args = message.get("args", {})
+            if not isinstance(args, Mapping):
+                raise ValueError("bad arguments")
+            _check_args(args)
         except (ValueError, TypeError, UnicodeDecodeError):
             self.dropped += 1
             log.warning("control channel: dropped a malformed message")
             return None
-        return str(operation), call_id, request_id
+        return ControlRequest(operation, call_id, dict(args)), request_id
 
     async def listen(self, handler: ControlHandler) -> None:
         """Forever: run every valid message sent to this node (resubscribes after outages)."""
@@ -203,3 +262,16 @@ class ControlChannel:
                 with contextlib.suppress(Exception):
                     # redis-py < 8 leaves aclose untyped; 8.x annotates it.
                     await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
+
+
+def _parse_reply(answer: str | bytes) -> ControlReply:
+    """A reply as the owner wrote it; a malformed one counts as a failure."""
+    try:
+        body = json.loads(answer)
+        outcome = ControlOutcome(body["outcome"])
+        value = body.get("value", "")
+        if outcome not in _ANSWERS or not isinstance(value, str):
+            raise ValueError("bad reply")
+    except (ValueError, TypeError, KeyError):
+        return ControlReply(ControlOutcome.FAILED)
+    return ControlReply(outcome, value)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from rutster.gateway.api.api_keys import AdminKey, ApiKeyStore
     from rutster.gateway.api.rate_limit import RateLimiter
-    from rutster.gateway.control_channel import ControlChannel
+    from rutster.gateway.control_channel import ControlChannel, ControlHandler
     from rutster.gateway.provider_registry import ProviderRegistry
     from rutster.spend.embedded_redis import EmbeddedRedis
     from rutster.spend.gate import SpendGate
@@ -74,6 +74,9 @@ class GatewayState:
     admin_key: AdminKey | None = None
     rate_limiter: RateLimiter | None = None
     control_channel: ControlChannel | None = None
+    #: Control operations a provider answers for other nodes, by name (set in its
+    #: ``startup``; the hang-up is the app's own).
+    control_handlers: dict[str, ControlHandler] = field(default_factory=dict)
     #: SIP worker processes connected on ``/sip/workers``, and their calls' call control.
     sip_workers: SipWorkerRegistry = field(default_factory=SipWorkerRegistry)
     sip_call_control: SipCallControl = field(default_factory=SipCallControl)

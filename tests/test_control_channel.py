@@ -12,7 +12,13 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from rutster.gateway.control_channel import ControlChannel, ControlHandler, ControlOutcome
+from rutster.gateway.control_channel import (
+    ControlChannel,
+    ControlHandler,
+    ControlOutcome,
+    ControlReply,
+    ControlRequest,
+)
 from rutster.spend.store import redis_client
 from tests.conftest import suite_redis_url, unique_prefix
 
@@ -45,6 +51,7 @@ async def listening(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await channel.aclose()
 
 
 async def test_the_owner_runs_the_request_and_answers(clients: tuple[Redis, Redis]) -> None:
@@ -52,22 +59,32 @@ async def test_the_owner_runs_the_request_and_answers(clients: tuple[Redis, Redi
     prefix = unique_prefix()
     owner = ControlChannel(shared, prefix, "node-b", listener=listener)
     asker = ControlChannel(shared, prefix, "node-a")
-    ran: list[tuple[str, str]] = []
+    ran: list[ControlRequest] = []
 
-    async def handler(operation: str, call_id: str) -> ControlOutcome:
-        ran.append((operation, call_id))
-        return ControlOutcome.DONE if call_id == CALL else ControlOutcome.NOT_HERE
+    async def handler(request: ControlRequest) -> ControlReply:
+        ran.append(request)
+        if request.call_id != CALL:
+            return ControlReply(ControlOutcome.NOT_HERE)
+        return ControlReply(ControlOutcome.DONE, request.args.get("to", ""))
 
     async with listening(owner, shared, handler):
-        assert await asker.request("node-b", "hangup", CALL) is ControlOutcome.DONE
+        done = await asker.request("node-b", "sip_dial", CALL, args={"to": "sip:a@b"})
+        assert done == ControlReply(ControlOutcome.DONE, "sip:a@b")
         other = "call_" + "cd" * 8
-        assert await asker.request("node-b", "hangup", other) is ControlOutcome.NOT_HERE
+        assert (await asker.request("node-b", "hangup", other)).outcome is ControlOutcome.NOT_HERE
         # A node nobody listens for: known at once, no wait.
-        assert await asker.request("node-c", "hangup", CALL) is ControlOutcome.NO_LISTENER
-        assert await asker.request("bad node!", "hangup", CALL) is ControlOutcome.NO_LISTENER
-    assert ran == [("hangup", CALL), ("hangup", other)]
+        for node in ("node-c", "bad node!"):
+            missing = await asker.request(node, "hangup", CALL)
+            assert missing.outcome is ControlOutcome.NO_LISTENER
+    assert ran == [
+        ControlRequest("sip_dial", CALL, {"to": "sip:a@b"}),
+        ControlRequest("hangup", other, {}),
+    ]
+    for bad in ("Reboot!", ""):
+        with pytest.raises(ValueError):
+            await asker.request("node-b", bad, CALL)
     with pytest.raises(ValueError):
-        await asker.request("node-b", "reboot", CALL)
+        await asker.request("node-b", "hangup", CALL, args={"x": "y" * 5_000})
 
 
 async def test_a_failing_or_silent_owner_is_an_outcome_not_a_hang(
@@ -79,19 +96,19 @@ async def test_a_failing_or_silent_owner_is_an_outcome_not_a_hang(
     asker = ControlChannel(shared, prefix, "node-a")
     release = asyncio.Event()
 
-    async def handler(operation: str, call_id: str) -> ControlOutcome:
-        if call_id == CALL:
+    async def handler(request: ControlRequest) -> ControlReply:
+        if request.call_id == CALL:
             raise RuntimeError("the owner's hang-up blew up")
         await release.wait()
-        return ControlOutcome.DONE
+        return ControlReply(ControlOutcome.DONE)
 
     async with listening(owner, shared, handler):
-        assert await asker.request("node-b", "hangup", CALL) is ControlOutcome.FAILED
+        assert (await asker.request("node-b", "hangup", CALL)).outcome is ControlOutcome.FAILED
         slow = "call_" + "ef" * 8
-        outcome = await asker.request("node-b", "hangup", slow, timeout_s=0.3)
-        assert outcome is ControlOutcome.NO_ANSWER
+        reply = await asker.request("node-b", "hangup", slow, timeout_s=0.3)
+        assert reply.outcome is ControlOutcome.NO_ANSWER
         # The slow request did not hold up the channel: the next is answered.
-        assert await asker.request("node-b", "hangup", CALL) is ControlOutcome.FAILED
+        assert (await asker.request("node-b", "hangup", CALL)).outcome is ControlOutcome.FAILED
         release.set()
 
 
@@ -100,7 +117,9 @@ async def test_a_failing_or_silent_owner_is_an_outcome_not_a_hang(
     [
         "not json",
         "[1]",
-        json.dumps({"op": "reboot", "call": CALL}),
+        json.dumps({"op": "Reboot!", "call": CALL}),
+        json.dumps({"op": "hangup", "call": CALL, "args": {"to": 5}}),
+        json.dumps({"op": "hangup", "call": CALL, "args": ["x"]}),
         json.dumps({"op": "hangup", "call": "call_XYZ"}),
         json.dumps({"op": "hangup", "call": CALL, "id": "not hex!"}),
         json.dumps({"op": "hangup", "call": CALL, "id": 7}),
@@ -117,4 +136,4 @@ def test_a_message_without_an_id_wants_no_answer() -> None:
     # What a node of the previous version sends during a rolling upgrade.
     channel = ControlChannel(redis_client(suite_redis_url()), "p", "node-b")
     message = json.dumps({"op": "hangup", "call": CALL})
-    assert channel.parse(message) == ("hangup", CALL, None)
+    assert channel.parse(message) == (ControlRequest("hangup", CALL, {}), None)

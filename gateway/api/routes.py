@@ -60,7 +60,7 @@ from rutster.gateway.api.validation import (
     read_body,
     require_json_content_type,
 )
-from rutster.gateway.control_channel import ControlOutcome
+from rutster.gateway.control_channel import OPERATION_HANGUP, ControlOutcome
 from rutster.gateway.ingress_provider import DialFailed
 from rutster.gateway.state import GatewayState
 from rutster.protocols.call_control import CallControlFailure
@@ -370,9 +370,10 @@ async def _hang_up_remote_call(state: GatewayState, record: CallRecord) -> None:
         return
     assert state.control_channel is not None
     try:
-        outcome = await state.control_channel.request(record["node"], "hangup", record["id"])
+        reply = await state.control_channel.request(record["node"], OPERATION_HANGUP, record["id"])
     except StoreUnavailable:
         raise unavailable() from None
+    outcome = reply.outcome
     if outcome is ControlOutcome.DONE:
         return
     if outcome is ControlOutcome.NOT_HERE:
