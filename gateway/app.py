@@ -171,7 +171,10 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
         await gate.join_cluster()
     return [
         asyncio.create_task(gate.maintain(), name="spend:maintain"),
-        asyncio.create_task(gate.keep_node_alive(), name="spend:node"),
+        asyncio.create_task(
+            gate.keep_node_alive(lambda: {k: f() for k, f in state.node_info.items()}),
+            name="spend:node",
+        ),
         asyncio.create_task(channel.listen(on_control), name="control:listen"),
     ]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +77,9 @@ class GatewayState:
     #: Control operations a provider answers for other nodes, by name (set in its
     #: ``startup``; the hang-up is the app's own).
     control_handlers: dict[str, ControlHandler] = field(default_factory=dict)
+    #: What this node tells the others at every beat (the node directory), by name:
+    #: a provider registers its own in ``startup`` (SIP: its free worker capacity).
+    node_info: dict[str, Callable[[], str]] = field(default_factory=dict)
     #: SIP worker processes connected on ``/sip/workers``, and their calls' call control.
     sip_workers: SipWorkerRegistry = field(default_factory=SipWorkerRegistry)
     sip_call_control: SipCallControl = field(default_factory=SipCallControl)

@@ -160,6 +160,9 @@ class SpendGate:
         self.store_errors = 0
         #: Calls of dead nodes this gateway settled (lua/orphans.lua).
         self.orphans_settled = 0
+        #: The other live nodes and what they told at their last beat (refreshed every
+        #: beat by :meth:`keep_node_alive`).
+        self.cluster: dict[str, dict[str, str]] = {}
 
     async def tenant_limits(self, tenant: str) -> TenantLimits:
         """``tenant``'s stored limits; the defaults are stored first if it has none."""
@@ -339,16 +342,19 @@ class SpendGate:
         self._count_orphans(report.settled, "its previous run")
         await self.store.node_beat(self.node, now)
 
-    async def keep_node_alive(self) -> None:
-        """Forever: beat into the node directory, and settle the live calls of nodes
-        that stopped beating (any node may; the script is safe to race)."""
+    async def keep_node_alive(self, info: Callable[[], Mapping[str, str]] | None = None) -> None:
+        """Forever: beat into the node directory (with ``info()``, what this node tells
+        the others), read the other live nodes' (:attr:`cluster`), and settle the live
+        calls of nodes that stopped beating (any node may; the script is safe to race)."""
         while True:
-            await asyncio.sleep(NODE_BEAT_INTERVAL_MS / 1_000)
             with contextlib.suppress(StoreUnavailable):
                 now = self._wall_ms()
-                await self.store.node_beat(self.node, now)
+                await self.store.node_beat(self.node, now, info() if info is not None else None)
+                live = await self.store.live_nodes(now)
+                self.cluster = {n: i for n, i in live.items() if n != self.node}
                 report = await self.store.settle_orphans(now)
                 self._count_orphans(report.settled, "dead nodes")
+            await asyncio.sleep(NODE_BEAT_INTERVAL_MS / 1_000)
 
     async def leave_cluster(self) -> None:
         """At a clean stop, its calls over: out of the node directory."""

@@ -591,6 +591,10 @@ class StoreKeys:
         """``P:nodes`` zset: gateway node -> its last beat (unix ms)."""
         return f"{self.prefix}:nodes"
 
+    def node_info(self, node: str) -> str:
+        """``P:node:{id}:info`` hash: what a live node tells the others (expires)."""
+        return f"{self.prefix}:node:{node}:info"
+
     def call(self, call_id: str) -> str:
         """``P:call:{id}`` hash."""
         return f"{self.prefix}:call:{call_id}"
@@ -935,19 +939,51 @@ class SpendStore:
 
     # -- the node directory ------------------------------------------------------------
 
-    async def node_beat(self, node: str, now_ms: int) -> None:
+    async def node_beat(
+        self, node: str, now_ms: int, info: Mapping[str, str] | None = None
+    ) -> None:
         """``node`` is alive at ``now_ms`` (every gateway, every
-        :data:`NODE_BEAT_INTERVAL_MS`)."""
+        :data:`NODE_BEAT_INTERVAL_MS`), with what it tells the others about itself
+        (``info``, e.g. its free SIP worker capacity; kept until it stops beating)."""
         _check_id("node", node, _NODE_RE)
         _check_count("now_ms", now_ms, _MAX_UNIX_MS)
+        fields = {
+            _check_text("info name", k, 64): _check_text("info value", v, 256)
+            for k, v in (info or {}).items()
+        }
         with _unavailable_as("node_beat"):
-            await self.redis.zadd(self.keys.nodes, {node: now_ms})
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.zadd(self.keys.nodes, {node: now_ms})
+                key = self.keys.node_info(node)
+                pipe.delete(key)
+                if fields:
+                    for name, value in fields.items():
+                        pipe.hset(key, name, value)
+                    pipe.pexpire(key, NODE_DEAD_AFTER_MS)
+                await pipe.execute()
+
+    async def live_nodes(
+        self, now_ms: int, *, dead_after_ms: int = NODE_DEAD_AFTER_MS
+    ) -> dict[str, dict[str, str]]:
+        """The nodes that beat within ``dead_after_ms`` of ``now_ms``, with their info."""
+        _check_count("now_ms", now_ms, _MAX_UNIX_MS)
+        with _unavailable_as("live_nodes"):
+            nodes = cast(
+                list[str],
+                await self.redis.zrangebyscore(self.keys.nodes, now_ms - dead_after_ms, "+inf"),
+            )
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for node in nodes:
+                    pipe.hgetall(self.keys.node_info(node))
+                infos = cast(list[dict[str, str]], await pipe.execute())
+        return dict(zip(nodes, infos, strict=True))
 
     async def node_leave(self, node: str) -> None:
         """``node`` stopped cleanly (its calls are over): out of the directory."""
         _check_id("node", node, _NODE_RE)
         with _unavailable_as("node_leave"):
             await self.redis.zrem(self.keys.nodes, node)
+            await self.redis.delete(self.keys.node_info(node))
 
     async def nodes(self) -> dict[str, int]:
         """Every node in the directory and its last beat (unix ms)."""

@@ -618,6 +618,20 @@ async def test_the_live_calls_of_a_dead_node_are_settled_from_their_last_figures
     assert await store.settle_orphans(NOW + 20_000, dead_after_ms=10_000) == OrphanReport(0, 0)
 
 
+async def test_live_nodes_tell_the_others_what_they_offer(store: SpendStore) -> None:
+    await store.node_beat("node-a", NOW, {"sip_free": "4"})
+    await store.node_beat("node-b", NOW - 60_000, {"sip_free": "8"})
+    await store.node_beat("node-c", NOW)
+    assert await store.live_nodes(NOW + 1_000) == {"node-a": {"sip_free": "4"}, "node-c": {}}
+    # What a node tells is its last beat's word: a beat without it withdraws it.
+    await store.node_beat("node-a", NOW + 2_000)
+    assert (await store.live_nodes(NOW + 2_000))["node-a"] == {}
+    await store.node_leave("node-c")
+    assert set(await store.live_nodes(NOW + 2_000)) == {"node-a"}
+    with pytest.raises(ValueError):
+        await store.node_beat("node-a", NOW, {"x": "y" * 300})
+
+
 async def test_a_node_restarting_under_its_id_settles_its_previous_lifes_calls(
     store: SpendStore,
 ) -> None:

@@ -35,6 +35,7 @@ from starlette.websockets import WebSocket
 from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.gateway.admission import Refused, admit_call, grant_stream
 from rutster.gateway.call import Call
+from rutster.gateway.control_channel import ControlOutcome, ControlReply, ControlRequest
 from rutster.gateway.ingress_provider import (
     NO_RATES,
     DialFailed,
@@ -44,13 +45,13 @@ from rutster.gateway.ingress_provider import (
 )
 from rutster.gateway.media_session import StreamEnded
 from rutster.gateway.media_socket import refuse
-from rutster.gateway.spend_context import SpendContext
+from rutster.gateway.spend_context import BadSpendContext, SpendContext
 from rutster.gateway.state import GatewayState
 from rutster.protocols.call_control import ProviderCallControl
 from rutster.protocols.ingress import StreamStarted
 from rutster.protocols.tap import SessionEndReason
 from rutster.spend.gate import AdmissionRequest
-from rutster.spend.store import CallRecord
+from rutster.spend.store import CallRecord, StoreUnavailable
 from rutster.trunk.sip.wire import (
     PARAM_SPEND,
     PARAM_TAP_URL,
@@ -92,8 +93,16 @@ WORKER_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 SIP_RING_TIMEOUT_S = 30
 
 
-#: ``provider_call_id`` of a SIP call the API placed: the worker that dials it.
+#: ``provider_call_id`` of a SIP call the API placed: the worker that dials it
+#: (``sip-worker:<worker>``), and the node it is attached to when that is another
+#: node than the one the API request reached (``sip-worker:<worker>@<node>``).
 SIP_CALL_PREFIX = "sip-worker:"
+#: Control operations (gateway/control_channel.py) a node answers for the others: dial
+#: through one of its workers, cancel such a dial.
+OP_SIP_DIAL = "sip_dial"
+OP_SIP_CANCEL = "sip_cancel"
+#: The node-directory field carrying a node's free SIP worker capacity.
+INFO_SIP_FREE = "sip_free"
 
 
 def _state(holder: WebSocket) -> GatewayState:
@@ -311,7 +320,19 @@ class SipProvider:
         return [WebSocketRoute(WORKERS_PATH, sip_workers)]
 
     async def startup(self, state: GatewayState) -> None:
-        """Nothing to open: workers connect to :data:`WORKERS_PATH` themselves."""
+        """Workers connect to :data:`WORKERS_PATH` themselves. Register what other nodes
+        may ask of this one (dial or cancel through its workers) and what it tells them
+        (its free worker capacity, in the node directory)."""
+
+        async def remote_dial(request: ControlRequest) -> ControlReply:
+            return await _dial_for_another_node(state, request)
+
+        async def remote_cancel(request: ControlRequest) -> ControlReply:
+            return await _cancel_for_another_node(state, request)
+
+        state.control_handlers[OP_SIP_DIAL] = remote_dial
+        state.control_handlers[OP_SIP_CANCEL] = remote_cancel
+        state.node_info[INFO_SIP_FREE] = lambda: str(_free_here(state))
 
     async def shutdown(self, state: GatewayState) -> None:
         """Nothing to close: the workers' sockets close with the server."""
@@ -341,39 +362,121 @@ class SipProvider:
         return sniff_sip_stream(first_message)
 
     def outbound_unavailable(self, state: GatewayState) -> str | None:
-        """Placing calls needs a connected worker."""
-        if len(state.sip_workers) > 0:
+        """Placing calls needs a worker with room, on this node or another one."""
+        if len(state.sip_workers) > 0 or _nodes_with_room(state):
             return None
-        return "outbound SIP calls need a SIP worker connected to this gateway"
+        return "outbound SIP calls need a SIP worker connected to a gateway"
 
     async def dial(
         self, state: GatewayState, context: SpendContext, *, to: str, from_: str, tap_url: str
     ) -> str:
-        """Hand the admitted call to the least-loaded worker; it rings for
-        :data:`SIP_RING_TIMEOUT_S` and reports back on its control channel."""
-        link = state.sip_workers.pick()
-        if link is None:
-            raise DialFailed("no SIP worker could take the call")
-        call_id = context.call_id
-        grant = grant_stream(
-            state,
-            context,
-            stream_call_id=call_id,
-            tap_url=tap_url,
-            connect_within_s=SIP_RING_TIMEOUT_S + state.config.spend.media_connect_timeout_s,
-        )
-        link.dialling.add(call_id)
-        dial = Dial(call_id, to, from_, tap_url, grant.spend_text, grant.token, SIP_RING_TIMEOUT_S)
-        if not await link.send(encode_control(dial)):
-            link.dialling.discard(call_id)
-            raise DialFailed("no SIP worker could take the call")
-        return f"{SIP_CALL_PREFIX}{link.worker_id}"
+        """Hand the admitted call to the least-loaded worker of this node, else to a
+        node whose workers have room (through the control channel); the worker rings
+        for :data:`SIP_RING_TIMEOUT_S` and reports back to the node it is attached to."""
+        placed = await _dial_here(state, context, to=to, from_=from_, tap_url=tap_url)
+        if placed is not None:
+            return placed
+        channel = state.control_channel
+        args = {"to": to, "from": from_, "tap_url": tap_url, "spend_text": context.encode()}
+        for node in _nodes_with_room(state):
+            if channel is None:
+                break
+            try:
+                reply = await channel.request(node, OP_SIP_DIAL, context.call_id, args=args)
+            except StoreUnavailable:
+                break
+            if reply.outcome is ControlOutcome.DONE:
+                log.info("call %s: dialled through a SIP worker of node %s", context.call_id, node)
+                return reply.value
+            log.info("call %s: node %s did not dial (%s)", context.call_id, node, reply.outcome)
+        raise DialFailed("no SIP worker could take the call")
 
     async def cancel(self, state: GatewayState, record: CallRecord) -> None:
-        """Ask the dialling worker to CANCEL (best effort: it may have just answered)."""
+        """Ask the dialling worker to CANCEL (best effort: it may have just answered),
+        through the node it is attached to."""
         sid = record["provider_call_id"]
         if not sid.startswith(SIP_CALL_PREFIX):
             return
-        link = state.sip_workers.get(sid.removeprefix(SIP_CALL_PREFIX))
-        if link is not None:
-            await link.send(encode_control(CancelDial(record["id"])))
+        worker, _, node = sid.removeprefix(SIP_CALL_PREFIX).partition("@")
+        if node and node != state.config.spend.node_id:
+            if state.control_channel is not None:
+                with contextlib.suppress(StoreUnavailable, ValueError):
+                    await state.control_channel.request(
+                        node, OP_SIP_CANCEL, record["id"], args={"worker": worker}
+                    )
+            return
+        await _cancel_here(state, worker, record["id"])
+
+
+def _free_here(state: GatewayState) -> int:
+    """Calls this node's workers can still take."""
+    return sum(max(0, link.free) for link in state.sip_workers.links())
+
+
+def _nodes_with_room(state: GatewayState) -> list[str]:
+    """Other live nodes whose workers had room at their last beat, the roomiest first."""
+    gate = state.spend_gate
+    if gate is None:
+        return []
+    room: list[tuple[int, str]] = []
+    for node, info in gate.cluster.items():
+        try:
+            free = int(info.get(INFO_SIP_FREE, "0"))
+        except ValueError:
+            continue
+        if free > 0:
+            room.append((free, node))
+    return [node for _, node in sorted(room, reverse=True)]
+
+
+async def _dial_here(
+    state: GatewayState, context: SpendContext, *, to: str, from_: str, tap_url: str
+) -> str | None:
+    """Dial through one of this node's workers; None when none has room."""
+    link = state.sip_workers.pick()
+    if link is None:
+        return None
+    call_id = context.call_id
+    grant = grant_stream(
+        state,
+        context,
+        stream_call_id=call_id,
+        tap_url=tap_url,
+        connect_within_s=SIP_RING_TIMEOUT_S + state.config.spend.media_connect_timeout_s,
+    )
+    link.dialling.add(call_id)
+    dial = Dial(call_id, to, from_, tap_url, grant.spend_text, grant.token, SIP_RING_TIMEOUT_S)
+    if not await link.send(encode_control(dial)):
+        link.dialling.discard(call_id)
+        return None
+    return f"{SIP_CALL_PREFIX}{link.worker_id}"
+
+
+async def _cancel_here(state: GatewayState, worker: str, call_id: str) -> None:
+    link = state.sip_workers.get(worker)
+    if link is not None:
+        await link.send(encode_control(CancelDial(call_id)))
+
+
+async def _dial_for_another_node(state: GatewayState, request: ControlRequest) -> ControlReply:
+    """Another node admitted a call and asks this one to dial it through a worker."""
+    args = request.args
+    try:
+        context = SpendContext.decode(args.get("spend_text"))
+    except BadSpendContext:
+        return ControlReply(ControlOutcome.FAILED, "bad call context")
+    tap_url = args.get("tap_url", "")
+    if context.call_id != request.call_id or not state.config.tap_allowlist.allows(tap_url):
+        return ControlReply(ControlOutcome.FAILED, "call context or brain refused")
+    placed = await _dial_here(
+        state, context, to=args.get("to", ""), from_=args.get("from", ""), tap_url=tap_url
+    )
+    if placed is None:
+        return ControlReply(ControlOutcome.NOT_HERE, "no SIP worker with room")
+    return ControlReply(ControlOutcome.DONE, f"{placed}@{state.config.spend.node_id}")
+
+
+async def _cancel_for_another_node(state: GatewayState, request: ControlRequest) -> ControlReply:
+    """Another node cancels a call this one dialled for it."""
+    await _cancel_here(state, request.args.get("worker", ""), request.call_id)
+    return ControlReply(ControlOutcome.DONE)

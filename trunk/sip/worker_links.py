@@ -80,6 +80,10 @@ class SipWorkerRegistry:
         """A connected worker by id."""
         return self._workers.get(worker_id)
 
+    def links(self) -> list[SipWorkerLink]:
+        """Every connected worker."""
+        return list(self._workers.values())
+
     def __len__(self) -> int:
         return len(self._workers)
 
