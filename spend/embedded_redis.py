@@ -15,7 +15,6 @@ gate's latency budget (``bench/spend_gate.py``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import logging
 import os
@@ -23,12 +22,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+from rutster.base.parent_death import stop_with_parent as parent_death_hook
 
 log = logging.getLogger(__name__)
 
@@ -44,37 +43,6 @@ STOP_TIMEOUT_S = 5.0
 #: eating the laptop. ``noeviction`` makes Redis refuse writes instead of
 #: silently dropping spend records.
 DEFAULT_MAXMEMORY = "256mb"
-
-
-#: ``PR_SET_PDEATHSIG`` (<linux/prctl.h>): the signal a process gets when the
-#: thread that created it ends.
-_PR_SET_PDEATHSIG = 1
-
-
-def _stop_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the child get SIGTERM when its parent dies (Linux).
-
-    Redis has no option to watch its parent, and a gateway killed with SIGKILL
-    runs no cleanup. ``prctl(PR_SET_PDEATHSIG)`` is the kernel's own answer; the
-    function only calls it (no allocation, no lock: what a ``preexec_fn``
-    may safely do in a process with threads), then checks that the parent did
-    not die before the call took effect. None elsewhere (no such call).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-    stop = int(signal.SIGTERM)
-
-    def stop_with_parent() -> None:
-        prctl(_PR_SET_PDEATHSIG, stop)
-        if os.getppid() != parent:
-            os._exit(1)  # the parent is already gone
-
-    return stop_with_parent
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -200,8 +168,8 @@ class EmbeddedRedis:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                # One prctl call: see _stop_with_parent.
-                preexec_fn=_stop_with_parent() if self.stop_with_parent else None,
+                # One prctl call: see base/parent_death.py.
+                preexec_fn=parent_death_hook() if self.stop_with_parent else None,
             )
         except OSError as exc:
             self._release_lock()

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import secrets
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -67,16 +68,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"rutster serve: configuration error: {exc}", file=sys.stderr)
         return 2
-    try:
-        sock = listen_socket(args.host, args.port)
-    except OSError as exc:
-        print(
-            f"rutster serve: cannot listen on {args.host}:{args.port}: "
-            f"{os.strerror(exc.errno) if exc.errno else exc}"
-            " (is another gateway running? choose another --port)",
-            file=sys.stderr,
+    if args.listen_fd is not None:
+        # A worker of `serve --workers N`: the supervisor bound the port.
+        sock = socket.socket(fileno=args.listen_fd)
+    else:
+        try:
+            sock = listen_socket(args.host, args.port)
+        except OSError as exc:
+            print(
+                f"rutster serve: cannot listen on {args.host}:{args.port}: "
+                f"{os.strerror(exc.errno) if exc.errno else exc}"
+                " (is another gateway running? choose another --port)",
+                file=sys.stderr,
+            )
+            return 1
+    if args.workers > 1:
+        from rutster.tools.serve_workers import serve_workers
+
+        return serve_workers(
+            args.workers, host=args.host, port=args.port, log_level=args.log_level, sock=sock
         )
-        return 1
     app = create_app(config)
     server = DrainingServer(
         uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level),
@@ -523,6 +534,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--port", type=int, default=DEFAULT_SERVE_PORT, help="bind port (default %(default)s)"
     )
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway processes sharing the port, one per core (default 1; "
+        "see tools/serve_workers.py)",
+    )
+    # Internal: a worker of --workers N accepts on the supervisor's socket.
+    serve.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 
     brain = sub.add_parser("brain", help="run a brain process")
