@@ -42,14 +42,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from bench.concurrent_calls import SPEECH_WAV, histogram_p99_ms, scrape
+from bench.concurrent_calls import RAMP_S, SPEECH_WAV, histogram_p99_ms, ramped_calls, scrape
 from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.tools.launcher import LOOPBACK, Service, echo_brain_process, gateway_process
 from rutster.tools.twilio_simulator import SimulatedCallResult, TwilioSimulator, read_wav_8k
 
-#: Calls are started over this long so the webhook burst does not dominate (as in
-#: bench/concurrent_calls.py).
-RAMP_S = 2.0
 #: Pacing goal of the foundation issue: p99 outbound pacing jitter ≤ 10 ms.
 JITTER_GOAL_MS = 10.0
 
@@ -106,18 +103,9 @@ async def run_level(
 ) -> Row:
     before = [scrape(url) for url in urls]
     sims = [TwilioSimulator(urls[i % len(urls)], auth_token=token) for i in range(calls)]
-
-    async def one(i: int) -> SimulatedCallResult | None:
-        await asyncio.sleep(RAMP_S * i / calls)
-        try:
-            return await sims[i].place_call(pcm, tail_s=1.0)
-        except Exception as exc:  # a failed call is a failed level, not a crashed bench
-            print(f"    call {i} failed: {type(exc).__name__}: {exc}")
-            return None
-
     gc.collect()
     gc.disable()  # the load generator must not be the one that is late
-    task = asyncio.gather(*(one(i) for i in range(calls)))
+    task = ramped_calls(sims, pcm)
     await asyncio.sleep(RAMP_S + 1.0)
     for gw in gateways:
         gw.cpu_percent(None)

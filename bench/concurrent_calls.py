@@ -92,6 +92,23 @@ def histogram_p99_ms(before: dict[str, float], after: dict[str, float]) -> float
     return float("inf")
 
 
+def ramped_calls(
+    sims: list[TwilioSimulator], pcm: bytes
+) -> asyncio.Future[list[SimulatedCallResult | None]]:
+    """Each simulator places one call of ``pcm``, their starts spread over
+    :data:`RAMP_S`; a call that fails is None (a failed level, not a crashed bench)."""
+
+    async def one(i: int) -> SimulatedCallResult | None:
+        await asyncio.sleep(RAMP_S * i / len(sims))
+        try:
+            return await sims[i].place_call(pcm, tail_s=1.0)
+        except Exception as exc:
+            print(f"    call {i} failed: {type(exc).__name__}: {exc}")
+            return None
+
+    return asyncio.gather(*(one(i) for i in range(len(sims))))
+
+
 async def run_level(
     url: str,
     token: str,
@@ -102,19 +119,10 @@ async def run_level(
 ) -> LevelResult:
     before = scrape(url)
     sims = [TwilioSimulator(url, auth_token=token) for _ in range(calls)]
-
-    async def one(i: int) -> SimulatedCallResult | None:
-        await asyncio.sleep(RAMP_S * i / calls)
-        try:
-            return await sims[i].place_call(pcm, tail_s=1.0)
-        except Exception as exc:  # a failed call is a failed level, not a crashed bench
-            print(f"    call {i} failed: {type(exc).__name__}: {exc}")
-            return None
-
     # The load generator must not be the one that is late: no GC pauses while it runs.
     gc.collect()
     gc.disable()
-    task = asyncio.gather(*(one(i) for i in range(calls)))
+    task = ramped_calls(sims, pcm)
     await asyncio.sleep(RAMP_S + 1.0)
     gw.cpu_percent(None)
     for p in load:

@@ -702,6 +702,20 @@ class SpendStore:
     def __repr__(self) -> str:
         return f"SpendStore(prefix={self.keys.prefix!r})"
 
+    def _closing_args(self, hour: str) -> list[str | int]:
+        """What every script that ends a call takes after its own arguments (settle.lua,
+        reap.lua, orphans.lua): the hour bucket, retention, ledger and stream bounds,
+        bucket TTLs."""
+        return [
+            hour,
+            self.retention_s,
+            self.ledger_max_entries,
+            RECENT_STREAM_MAX_ENTRIES,
+            DAY_KEY_TTL_S,
+            MONTH_KEY_TTL_S,
+            HOUR_KEY_TTL_S,
+        ]
+
     # -- money-moving scripts -------------------------------------------------------
 
     async def admit(self, request: AdmitRequest) -> AdmitResult:
@@ -882,13 +896,7 @@ class SpendStore:
                     actual,
                     now_ms,
                     end_reason,
-                    hour,
-                    self.retention_s,
-                    self.ledger_max_entries,
-                    RECENT_STREAM_MAX_ENTRIES,
-                    DAY_KEY_TTL_S,
-                    MONTH_KEY_TTL_S,
-                    HOUR_KEY_TTL_S,
+                    *self._closing_args(hour),
                     "1" if unconnected_only else "0",
                 ],
             )
@@ -913,13 +921,7 @@ class SpendStore:
                     k.prefix,
                     now_ms,
                     limit,
-                    hour,
-                    self.retention_s,
-                    self.ledger_max_entries,
-                    RECENT_STREAM_MAX_ENTRIES,
-                    DAY_KEY_TTL_S,
-                    MONTH_KEY_TTL_S,
-                    HOUR_KEY_TTL_S,
+                    *self._closing_args(hour),
                 ],
             )
         return int(reaped)
@@ -1020,13 +1022,7 @@ class SpendStore:
                     now_ms,
                     now_ms - dead_after_ms,
                     limit,
-                    hour,
-                    self.retention_s,
-                    self.ledger_max_entries,
-                    RECENT_STREAM_MAX_ENTRIES,
-                    DAY_KEY_TTL_S,
-                    MONTH_KEY_TTL_S,
-                    HOUR_KEY_TTL_S,
+                    *self._closing_args(hour),
                     restarted_node,
                 ],
             )

@@ -15,7 +15,7 @@ import time
 import httpx
 
 from rutster.brains.echo import EchoBrain
-from rutster.spend.store import CallRecord, SpendStore, redis_client
+from rutster.spend.store import SpendStore, redis_client
 from rutster.tools.launcher import LOOPBACK, Service, gateway_process
 from rutster.tools.twilio_simulator import TwilioSimulator, new_sid
 from tests.conftest import (
@@ -27,28 +27,13 @@ from tests.conftest import (
     unique_prefix,
 )
 from tests.echo_checks import assert_echo_intact
+from tests.support.cluster import TENANT, cluster_env, record_when
 from tests.support.fake_twilio_rest import FakeTwilioRest
 
 #: Node A's drain deadline (RUTSTER_DRAIN_TIMEOUT_S).
 DRAIN_S = 3.0
 #: What ending the calls and stopping the process may add to it.
 STOP_MARGIN_S = 4.0
-TENANT = "default"
-
-
-async def record_of(store: SpendStore, call_sid: str) -> CallRecord | None:
-    records, _ = await store.list_calls(TENANT, limit=50)
-    return next((r for r in records if r["provider_call_id"] == call_sid), None)
-
-
-async def wait_status(store: SpendStore, call_sid: str, status: str) -> CallRecord:
-    deadline = time.monotonic() + 10
-    while True:
-        record = await record_of(store, call_sid)
-        if record is not None and record["status"] == status:
-            return record
-        assert time.monotonic() < deadline, f"{call_sid}: {record}"
-        await asyncio.sleep(0.05)
 
 
 def url(node: Service) -> str:
@@ -59,14 +44,7 @@ async def test_sigterm_drains_one_node_and_the_other_keeps_its_calls(
     echo_brain: EchoBrain, speech_pcm: bytes
 ) -> None:
     prefix, token = unique_prefix(), secrets.token_urlsafe(16)
-    env = {
-        "REDIS_URL": suite_redis_url(),
-        "RUTSTER_REDIS_PREFIX": prefix,
-        "TWILIO_AUTH_TOKEN": token,
-        "RUTSTER_STREAM_SECRET": "s" * 32,
-        "RUTSTER_TAP_URL": echo_brain.url,
-        "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
-    }
+    env = cluster_env(prefix, token, echo_brain.url)
     client = redis_client(suite_redis_url())
     store = SpendStore(client, prefix)
     with (
@@ -84,8 +62,8 @@ async def test_sigterm_drains_one_node_and_the_other_keeps_its_calls(
             TwilioSimulator(url(b), auth_token=token).place_call(b_sent, call_sid=on_b, tail_s=1.0)
         )
         try:
-            await wait_status(store, on_a, "active")
-            await wait_status(store, on_b, "active")
+            await record_when(store, on_a, "active")
+            await record_when(store, on_b, "active")
             a.proc.send_signal(signal.SIGTERM)
             stopped_at = time.monotonic()
             async with httpx.AsyncClient(base_url=url(a), timeout=5) as http:
@@ -105,12 +83,12 @@ async def test_sigterm_drains_one_node_and_the_other_keeps_its_calls(
             assert result_a.media_received > 0
             exit_code = await asyncio.to_thread(a.proc.wait, STOP_MARGIN_S)
             assert exit_code == 0
-            ended = await wait_status(store, on_a, "ended")
+            ended = await record_when(store, on_a, "ended")
             assert ended["end_reason"] == "shutdown" and (ended["spent"] or 0) > 0
             # Node B never noticed: its call runs to its end, echoed whole.
             result_b = await asyncio.wait_for(call_b, 20)
             assert_echo_intact(b_sent, result_b)
-            assert (await wait_status(store, on_b, "ended"))["end_reason"] == "caller_hangup"
+            assert (await record_when(store, on_b, "ended"))["end_reason"] == "caller_hangup"
         finally:
             call_a.cancel()
             call_b.cancel()

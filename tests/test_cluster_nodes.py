@@ -31,15 +31,15 @@ from rutster.spend.store import (
     redis_client,
 )
 from rutster.tools.launcher import LOOPBACK, Service, gateway_process
-from rutster.tools.twilio_simulator import TwilioSimulator, new_sid
+from rutster.tools.twilio_simulator import SimulatedCallResult, TwilioSimulator, new_sid
 from tests.conftest import TEST_ADMIN_KEY, suite_redis_url, tenant_key, unique_prefix
 from tests.echo_checks import assert_echo_intact
+from tests.support.cluster import TENANT, cluster_env, record_when
 from tests.support.split_proxy import SplitProxy
 
 #: Node A gives up on a call whose media has not reached it after this long: shorter
 #: than the calls below, so its watcher's deadline passes while they run on node B.
 MEDIA_CONNECT_TIMEOUT_S = 2
-TENANT = "default"
 
 
 class TwoNodes:
@@ -59,22 +59,23 @@ class TwoNodes:
         stream A's TwiML names to node B)."""
         return TwilioSimulator(self.public_url, auth_token=self.token)
 
-    async def record(self, call_sid: str) -> CallRecord | None:
-        """The call record of the Twilio call ``call_sid`` (the store keys it by our id)."""
-        records, _ = await self.store.list_calls(TENANT, limit=50)
-        for record in records:
-            if record["provider_call_id"] == call_sid:
-                return record
-        return None
-
     async def record_when(self, call_sid: str, status: str, timeout_s: float) -> CallRecord:
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while True:
-            record = await self.record(call_sid)
-            if record is not None and record["status"] == status:
-                return record
-            assert asyncio.get_running_loop().time() < deadline, f"{call_sid}: {record}"
-            await asyncio.sleep(0.05)
+        """The record of ``call_sid`` once it has ``status``."""
+        return await record_when(self.store, call_sid, status, timeout_s=timeout_s)
+
+    async def call_live_on_b(
+        self, pcm: bytes
+    ) -> tuple[asyncio.Task[SimulatedCallResult], CallRecord]:
+        """A call placed through the balancer, once it runs (on node B)."""
+        call_sid = new_sid("CA")
+        placed = asyncio.create_task(self.simulator().place_call(pcm, call_sid=call_sid))
+        try:
+            live = await self.record_when(call_sid, "active", timeout_s=10)
+        except BaseException:
+            placed.cancel()
+            raise
+        assert live["node"] == "node-b"
+        return placed, live
 
 
 @contextlib.contextmanager
@@ -92,18 +93,14 @@ async def nodes(echo_brain: EchoBrain) -> AsyncIterator[TwoNodes]:
     client = redis_client(suite_redis_url())
     # The balancer: webhooks and REST calls to node A, media sockets to node B.
     async with SplitProxy(get_port=0, other_port=0).running() as balancer:
-        env = {
-            "REDIS_URL": suite_redis_url(),
-            "RUTSTER_REDIS_PREFIX": prefix,
-            "TWILIO_AUTH_TOKEN": token,
-            "RUTSTER_PUBLIC_URL": balancer.url,
-            # One secret for all nodes: a media socket may reach any of them.
-            "RUTSTER_STREAM_SECRET": "s" * 32,
-            "RUTSTER_TAP_URL": echo_brain.url,
-            "RUTSTER_ADMIN_KEY": TEST_ADMIN_KEY,
-            "RUTSTER_MEDIA_CONNECT_TIMEOUT_S": str(MEDIA_CONNECT_TIMEOUT_S),
-            "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
-        }
+        env = cluster_env(
+            prefix,
+            token,
+            echo_brain.url,
+            RUTSTER_PUBLIC_URL=balancer.url,
+            RUTSTER_ADMIN_KEY=TEST_ADMIN_KEY,
+            RUTSTER_MEDIA_CONNECT_TIMEOUT_S=str(MEDIA_CONNECT_TIMEOUT_S),
+        )
         try:
             with node_processes(env) as (a, b):
                 balancer.get_port, balancer.other_port = b.port, a.port
@@ -134,11 +131,9 @@ async def test_a_webhook_on_node_a_and_media_on_node_b_make_one_billed_call(
 async def test_node_a_hangs_up_a_call_whose_media_is_on_node_b(
     nodes: TwoNodes, speech_pcm: bytes
 ) -> None:
-    call_sid = new_sid("CA")
-    placed = asyncio.create_task(nodes.simulator().place_call(speech_pcm, call_sid=call_sid))
+    placed, live = await nodes.call_live_on_b(speech_pcm)
+    call_sid = live["provider_call_id"]
     try:
-        live = await nodes.record_when(call_sid, "active", timeout_s=10)
-        assert live["node"] == "node-b"
         async with httpx.AsyncClient(base_url=nodes.url(nodes.a), timeout=10) as api:
             key = await tenant_key(api, TENANT)
             response = await api.delete(
@@ -158,11 +153,9 @@ async def test_node_a_hangs_up_a_call_whose_media_is_on_node_b(
 async def test_node_b_killed_has_its_call_settled_within_the_bound_and_the_books_balance(
     nodes: TwoNodes, speech_pcm: bytes
 ) -> None:
-    call_sid = new_sid("CA")
-    placed = asyncio.create_task(nodes.simulator().place_call(speech_pcm, call_sid=call_sid))
+    placed, live = await nodes.call_live_on_b(speech_pcm)
+    call_sid = live["provider_call_id"]
     try:
-        live = await nodes.record_when(call_sid, "active", timeout_s=10)
-        assert live["node"] == "node-b"
         # Long enough for the call's meter to have reported a running cost.
         await asyncio.sleep(HEARTBEAT_INTERVAL_MS / 1_000 + 1)
         nodes.b.proc.kill()
@@ -194,15 +187,7 @@ async def test_a_tenant_cap_of_two_holds_with_calls_on_both_nodes(
     # Each node its own public URL here: Twilio calls one number's webhook on node A,
     # another's on node B, and each call's media stays where its webhook went.
     prefix, token = unique_prefix(), secrets.token_urlsafe(16)
-    env = {
-        "REDIS_URL": suite_redis_url(),
-        "RUTSTER_REDIS_PREFIX": prefix,
-        "TWILIO_AUTH_TOKEN": token,
-        "RUTSTER_STREAM_SECRET": "s" * 32,
-        "RUTSTER_TAP_URL": echo_brain.url,
-        "RUTSTER_DEFAULT_MAX_CONCURRENT": "2",
-        "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
-    }
+    env = cluster_env(prefix, token, echo_brain.url, RUTSTER_DEFAULT_MAX_CONCURRENT="2")
     client = redis_client(suite_redis_url())
     store = SpendStore(client, prefix)
     try:

@@ -27,3 +27,29 @@ local function book(tenant_key, day, month, hour, spent, reserved, day_ttl, mont
   redis.call('EXPIRE', hour_key, hour_ttl)
 end
 
+
+-- Close a running call its gateway can no longer settle, at `amount`, releasing its
+-- whole reservation: the reaper (lease expired) and the orphan sweep (node lost) do
+-- this alike. The money is booked, the call leaves the active sets, its record is ended
+-- and marked reaped (so the owner's own late settlement corrects it once, settle.lua),
+-- its hash and receipts get their retention expiry, and the ledger ("reap") and the
+-- ended stream say so. `o` carries: prefix, call_id, call_key, tenant, day, month, hour,
+-- amount, reserved, reason, now_s, active_key, ledger_key, ended_key, retention_s,
+-- ledger_max, stream_max, day_ttl, month_ttl, hour_ttl.
+local function reap_call(o)
+  local tenant_key = o.prefix .. ':tenant:' .. o.tenant
+  book(tenant_key, o.day, o.month, o.hour, o.amount, o.reserved, o.day_ttl, o.month_ttl,
+    o.hour_ttl)
+  redis.call('ZREM', o.active_key, o.call_id)
+  redis.call('ZREM', tenant_key .. ':active', o.call_id)
+  redis.call('HSET', o.call_key, 'status', 'ended', 'spent', int(o.amount), 'ended_ms', o.now_s,
+    'end_reason', o.reason, 'reaped', '1', 'owner_settled', '0', 'hour', o.hour)
+  redis.call('EXPIRE', o.call_key, o.retention_s)
+  redis.call('EXPIRE', o.prefix .. ':receipts:' .. o.call_id, o.retention_s)
+  redis.call('XADD', o.ledger_key, 'MAXLEN', '~', o.ledger_max, '*',
+    'type', 'reap', 'call', o.call_id, 'tenant', o.tenant, 'amount', int(o.amount),
+    'reserved_total', int(o.reserved), 'reason', o.reason, 'at', o.now_s)
+  redis.call('XADD', o.ended_key, 'MAXLEN', '~', o.stream_max, '*',
+    'at', o.now_s, 'call', o.call_id, 'tenant', o.tenant, 'reason', o.reason,
+    'spent', int(o.amount))
+end

@@ -37,26 +37,17 @@ for _, node in ipairs(dead) do
     local c = redis.call('HMGET', call_key, 'tenant', 'day', 'month', 'status', 'reserved',
       'cost', 'node')
     if c[1] and c[4] == 'active' and c[7] == node then
-      local tenant = c[1]
       local reserved = num(c[5])
       local amount = math.min(reserved, num(c[6]))
-      local tenant_key = prefix .. ':tenant:' .. tenant
-      book(tenant_key, c[2], c[3], hour, amount, reserved, ARGV[9], ARGV[10], ARGV[11])
-      redis.call('ZREM', KEYS[2], call_id)
-      redis.call('ZREM', tenant_key .. ':active', call_id)
-      redis.call('HSET', call_key, 'status', 'ended', 'spent', int(amount), 'ended_ms', now_s,
-        'end_reason', 'node_lost', 'reaped', '1', 'owner_settled', '0', 'hour', hour)
-      redis.call('EXPIRE', call_key, ARGV[6])
-      local receipts_key = prefix .. ':receipts:' .. call_id
-      redis.call('XADD', receipts_key, '*', 'at_ms', now_s, 'stage', 'spend',
-        'type', 'settled', 'actual', int(amount), 'reason', 'node_lost', 'node', node)
-      redis.call('EXPIRE', receipts_key, ARGV[6])
-      redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*',
-        'type', 'reap', 'call', call_id, 'tenant', tenant, 'amount', int(amount),
-        'reserved_total', int(reserved), 'reason', 'node_lost', 'at', now_s)
-      redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*',
-        'at', now_s, 'call', call_id, 'tenant', tenant, 'reason', 'node_lost',
-        'spent', int(amount))
+      -- The receipt first: reap_call() (common.lua) gives the stream its retention.
+      redis.call('XADD', prefix .. ':receipts:' .. call_id, '*', 'at_ms', now_s,
+        'stage', 'spend', 'type', 'settled', 'actual', int(amount), 'reason', 'node_lost',
+        'node', node)
+      reap_call({prefix = prefix, call_id = call_id, call_key = call_key, tenant = c[1],
+        day = c[2], month = c[3], hour = hour, amount = amount, reserved = reserved,
+        reason = 'node_lost', now_s = now_s, active_key = KEYS[2], ledger_key = KEYS[3],
+        ended_key = KEYS[4], retention_s = ARGV[6], ledger_max = ARGV[7],
+        stream_max = ARGV[8], day_ttl = ARGV[9], month_ttl = ARGV[10], hour_ttl = ARGV[11]})
       settled = settled + 1
     end
   end

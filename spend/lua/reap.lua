@@ -27,25 +27,16 @@ for _, call_id in ipairs(expired) do
   local c = redis.call('HMGET', call_key, 'tenant', 'day', 'month', 'status', 'reserved', 'cost',
     'node')
   if c[1] and (c[4] == 'admitted' or c[4] == 'active') then
-    local tenant = c[1]
-    local reserved = num(c[5])
-    local amount = math.max(reserved, num(c[6]))
-    local tenant_key = prefix .. ':tenant:' .. tenant
-    book(tenant_key, c[2], c[3], hour, amount, reserved, ARGV[8], ARGV[9], ARGV[10])
-    redis.call('ZREM', tenant_key .. ':active', call_id)
     if c[4] == 'active' and c[7] then
       redis.call('SREM', prefix .. ':node:' .. c[7] .. ':calls', call_id)
     end
-    redis.call('HSET', call_key, 'status', 'ended', 'spent', int(amount), 'ended_ms', now_s,
-      'end_reason', 'lease_expired', 'reaped', '1', 'owner_settled', '0', 'hour', hour)
-    redis.call('EXPIRE', call_key, ARGV[5])
-    redis.call('EXPIRE', prefix .. ':receipts:' .. call_id, ARGV[5])
-    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*',
-      'type', 'reap', 'call', call_id, 'tenant', tenant, 'amount', int(amount),
-      'reserved_total', int(reserved), 'reason', 'lease_expired', 'at', now_s)
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*',
-      'at', now_s, 'call', call_id, 'tenant', tenant, 'reason', 'lease_expired',
-      'spent', int(amount))
+    local reserved = num(c[5])
+    -- reap_call() comes from common.lua.
+    reap_call({prefix = prefix, call_id = call_id, call_key = call_key, tenant = c[1],
+      day = c[2], month = c[3], hour = hour, amount = math.max(reserved, num(c[6])),
+      reserved = reserved, reason = 'lease_expired', now_s = now_s, active_key = KEYS[1],
+      ledger_key = KEYS[2], ended_key = KEYS[3], retention_s = ARGV[5], ledger_max = ARGV[6],
+      stream_max = ARGV[7], day_ttl = ARGV[8], month_ttl = ARGV[9], hour_ttl = ARGV[10]})
     reaped = reaped + 1
   end
 end
