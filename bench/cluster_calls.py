@@ -63,6 +63,7 @@ class Row:
     caller_p99_ms: float
     caller_gaps: int
     gateway_cpu: list[float]
+    load_cpu: float
 
     @property
     def carried(self) -> bool:
@@ -100,6 +101,7 @@ async def run_level(
     calls: int,
     pcm: bytes,
     gateways: list[psutil.Process],
+    load: list[psutil.Process],
 ) -> Row:
     before = [scrape(url) for url in urls]
     sims = [TwilioSimulator(urls[i % len(urls)], auth_token=token) for i in range(calls)]
@@ -107,10 +109,11 @@ async def run_level(
     gc.disable()  # the load generator must not be the one that is late
     task = ramped_calls(sims, pcm)
     await asyncio.sleep(RAMP_S + 1.0)
-    for gw in gateways:
-        gw.cpu_percent(None)
+    for process in (*gateways, *load):
+        process.cpu_percent(None)
     await asyncio.sleep(len(pcm) / 2 / 8000 / 2)
     cpu = [gw.cpu_percent(None) for gw in gateways]
+    load_cpu = sum(process.cpu_percent(None) for process in load)
     results = [r for r in await task if r is not None]
     gc.enable()
     after = summed([scrape(url) for url in urls])
@@ -125,6 +128,7 @@ async def run_level(
         caller_p99_ms=pooled_jitter_p99_ms(results),
         caller_gaps=sum(r.heard_gaps for r in results),
         gateway_cpu=cpu,
+        load_cpu=load_cpu,
     )
 
 
@@ -175,33 +179,35 @@ async def bench(levels: list[int], seconds: float) -> None:
             psutil.Process(brain.proc.pid).cpu_affinity(load_cores)
             with nodes(count, env, gateway_cores) as services:
                 gws = [psutil.Process(s.proc.pid) for s in services]
+                load = [psutil.Process(), psutil.Process(brain.proc.pid)]
                 urls = [f"http://{LOOPBACK}:{s.port}" for s in services]
                 shared = " (load generator and brain share the gateways' cores)"
                 print(
                     f"\n{topology}: gateways on cores {gateway_cores}, load generator and "
                     f"brain on {load_cores}" + (shared if load_cores == cores else "")
                 )
-                await run_level(topology, urls, token, 4, pcm[: 3 * 8000 * 2], gws)  # warm-up
+                await run_level(topology, urls, token, 4, pcm[: 3 * 8000 * 2], gws, load)  # warm-up
                 for calls in levels:
-                    row = await run_level(topology, urls, token, calls, pcm, gws)
+                    row = await run_level(topology, urls, token, calls, pcm, gws, load)
                     rows.append(row)
                     await asyncio.sleep(1.0)
     print(
         "\ncalls: offered; done: completed; underruns: playout underruns, all nodes; "
         "pacer p99: one p99 over every pacer tick of every node; caller p99: one p99 of "
         "|inter-arrival - duration| over every media message of every call; "
-        f"carried: done == calls, 0 underruns, pacer p99 <= {JITTER_GOAL_MS:.0f} ms"
+        f"carried: done == calls, 0 underruns, pacer p99 <= {JITTER_GOAL_MS:.0f} ms; "
+        "load CPU: this load generator and the echo brain (100 % = one core)"
     )
     print(
         f"{'topology':<8} {'calls':>5} {'done':>5} {'underruns':>9} {'pacer p99':>10} "
-        f"{'caller p99':>10} {'gaps':>5}  {'gateway CPU':<16} carried"
+        f"{'caller p99':>10} {'gaps':>5}  {'gateway CPU':<16} {'load CPU':>8} carried"
     )
     for row in rows:
         cpu = " + ".join(f"{c:.0f}%" for c in row.gateway_cpu)
         print(
             f"{row.topology:<8} {row.calls:>5} {row.completed:>5} {row.underruns:>9.0f} "
             f"{row.pacer_p99_ms:>8.1f}ms {row.caller_p99_ms:>8.1f}ms {row.caller_gaps:>5}  "
-            f"{cpu:<16} {'yes' if row.carried else 'NO'}"
+            f"{cpu:<16} {row.load_cpu:>7.0f}% {'yes' if row.carried else 'NO'}"
         )
     for topology in ("1 node", "2 nodes"):
         carried = [r.calls for r in rows if r.topology == topology and r.carried]
