@@ -15,7 +15,6 @@ import logging
 from collections.abc import AsyncIterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -46,7 +45,7 @@ from rutster.protocols.tap import SessionEndReason
 from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.spend.gate import SpendGate
 from rutster.spend.journal import SpendJournal
-from rutster.spend.store import REDIS_CONNECT_TIMEOUT_S, SpendStore, StoreUnavailable, redis_client
+from rutster.spend.store import SpendStore, StoreUnavailable, redis_client, redis_listener
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +143,7 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
         redis, settings.redis_prefix, settings.api_rate_per_s, settings.api_burst
     )
     # A subscriber waits indefinitely for its next message: no read timeout there.
-    listener = Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S
-    )
+    listener = redis_listener(url)
     channel = ControlChannel(redis, settings.redis_prefix, settings.node_id, listener=listener)
     state.control_channel = channel
     pending = len(journal.pending())

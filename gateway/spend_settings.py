@@ -15,7 +15,6 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from rutster.base.env_values import ConfigError, env_float, env_int, env_pairs, read_secret
 from rutster.gateway.api.rate_limit import DEFAULT_BURST, DEFAULT_RATE_PER_S
@@ -27,6 +26,7 @@ from rutster.spend.gate import (
 from rutster.spend.limits import LimitsError, TenantLimits
 from rutster.spend.money import parse_money
 from rutster.spend.prices import PriceFileError, PriceTable
+from rutster.spend.redis_url import RedisUrlError, check_redis_url
 from rutster.spend.store import DEFAULT_PREFIX, LEDGER_MAX_ENTRIES, RECEIPT_RETENTION_S
 from rutster.spend.tenant_id import TENANT_ID_MAX_CHARS, is_tenant_id
 
@@ -119,15 +119,11 @@ class SpendSettings:
         """Read the settings (default: ``os.environ``); raises :class:`ConfigError`."""
         env = os.environ if env is None else env
         redis_url = env.get("REDIS_URL", "").strip() or None
-        if redis_url is not None and urlsplit(redis_url).scheme not in (
-            "redis",
-            "rediss",
-            "unix",
-        ):
-            raise ConfigError(
-                "REDIS_URL must be a redis://, rediss:// or unix:// URL "
-                f"(scheme was {urlsplit(redis_url).scheme!r})"
-            )
+        if redis_url is not None:
+            try:
+                check_redis_url(redis_url)
+            except RedisUrlError as exc:
+                raise ConfigError(f"REDIS_URL: {exc}") from None
         admin_key = read_secret(env, "RUTSTER_ADMIN_KEY")
         if admin_key is not None and len(admin_key) < MIN_ADMIN_KEY_CHARS:
             raise ConfigError(

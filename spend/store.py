@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib.resources import files
 from typing import Final, TypedDict, cast
+from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -71,6 +72,7 @@ from rutster.spend.limits import (
     LimitsError,
     TenantLimits,
 )
+from rutster.spend.redis_url import SENTINEL_SCHEMES, sentinel_master
 from rutster.spend.tenant_id import TENANT_ID_RE
 
 #: Default key prefix (design: issue 5).
@@ -256,7 +258,17 @@ def _unavailable_as(operation: str) -> Iterator[None]:
 
 def redis_client(url: str) -> Redis:
     """A ``redis.asyncio.Redis`` with the settings this store expects (see module doc), on a
-    pool of at most :data:`REDIS_MAX_CONNECTIONS`; closing the client closes the pool."""
+    pool of at most :data:`REDIS_MAX_CONNECTIONS`; closing the client closes the pool.
+    A ``redis+sentinel://`` URL gives the master the Sentinels name (spend/redis_url.py)."""
+    if urlsplit(url).scheme in SENTINEL_SCHEMES:
+        return sentinel_master(
+            url,
+            max_connections=REDIS_MAX_CONNECTIONS,
+            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            retry=Retry(NoBackoff(), REDIS_RETRIES),
+            decode_responses=True,
+        )
     pool = BlockingConnectionPool.from_url(
         url,
         max_connections=REDIS_MAX_CONNECTIONS,
@@ -267,6 +279,18 @@ def redis_client(url: str) -> Redis:
         decode_responses=True,
     )
     return Redis.from_pool(pool)
+
+
+def redis_listener(url: str) -> Redis:
+    """A client for a pub/sub subscriber: no read timeout (it waits indefinitely for the
+    next message), one connection; through the Sentinels for a Sentinel URL."""
+    if urlsplit(url).scheme in SENTINEL_SCHEMES:
+        return sentinel_master(
+            url, decode_responses=True, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S
+        )
+    return Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S
+    )
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
