@@ -255,5 +255,8 @@ async def test_checking_a_large_catalog_never_holds_the_loop() -> None:
     await tick
     reg = registry()
     assert reg.update_catalog(update) == []  # all remembered: no check left to do
-    assert took > 20 * max(gaps), (took, max(gaps))  # the work was spread over many turns
-    assert max(gaps) < 0.1
+    # The work was spread over many turns of the loop (one check a turn; counted, not
+    # timed: with another test process on the core a turn can take tens of ms), and no
+    # turn held it anything like the 2.2 s the unpaced checks did.
+    assert len(gaps) >= MAX_CATALOG_TOOLS // 2, (len(gaps), took)
+    assert max(gaps) < 0.25, max(gaps)
