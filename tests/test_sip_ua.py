@@ -51,6 +51,9 @@ from tests.conftest import eventually
 REPO = Path(__file__).resolve().parent.parent
 #: Per-step wait for an expected event (generous for a loaded 2-core CI box).
 EVENT_TIMEOUT_S = 10.0
+#: A peer's start (a Python process that loads pjsua2 and binds its ports): slower than
+#: one event when the machine is busy with the rest of the suite.
+PEER_START_TIMEOUT_S = 30.0
 #: Peer tone (Hz) and UA tone (Hz): both well inside G.711's 300-3400 Hz band
 #: and far apart, so a dominant-frequency check cannot confuse them.
 PEER_TONE_HZ = 440
@@ -157,13 +160,22 @@ _PEER_SCRIPT = textwrap.dedent(
     cfg.logConfig.consoleLevel = 0
     cfg.medConfig.noVad = True
     ep.libInit(cfg)
-    tc = pj.TransportConfig()
-    tc.port = 0
-    tc.boundAddress = "127.0.0.1"
-    tid = ep.transportCreate(pj.PJSIP_TRANSPORT_UDP, tc)
-    port = int(ep.transportGetInfo(tid).localName.rsplit(":", 1)[1])
-    tc.port = port
-    ep.transportCreate(pj.PJSIP_TRANSPORT_TCP, tc)
+    # UDP and TCP on one port: the OS picks a free UDP port, and its TCP twin may be
+    # taken (by any other socket of the suite); then try another.
+    for attempt in range(20):
+        tc = pj.TransportConfig()
+        tc.port = 0
+        tc.boundAddress = "127.0.0.1"
+        tid = ep.transportCreate(pj.PJSIP_TRANSPORT_UDP, tc)
+        port = int(ep.transportGetInfo(tid).localName.rsplit(":", 1)[1])
+        tc.port = port
+        try:
+            ep.transportCreate(pj.PJSIP_TRANSPORT_TCP, tc)
+            break
+        except pj.Error:
+            ep.transportClose(tid)
+    else:
+        raise SystemExit("no port free for both UDP and TCP")
     ep.libStart()
     ep.audDevManager().setNullDev()
     acfg = pj.AccountConfig()
@@ -263,7 +275,16 @@ class Peer:
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(asyncio.to_thread(self._read_all))
-        ready = await self.expect("ready")
+        try:
+            ready = await self.expect("ready", timeout_s=PEER_START_TIMEOUT_S)
+        except (AssertionError, TimeoutError):
+            exited = self.proc.poll()
+            if exited is None:
+                raise
+            assert self.proc.stderr is not None
+            raise AssertionError(
+                f"the peer exited ({exited}) before it was ready: {self.proc.stderr.read()[-2000:]}"
+            ) from None
         self.port = int(ready["port"])
 
     def _read_all(self) -> None:
@@ -279,9 +300,13 @@ class Peer:
         self.proc.stdin.flush()
 
     async def expect(
-        self, ev: str, pred: Callable[[dict[str, Any]], bool] = lambda e: True
+        self,
+        ev: str,
+        pred: Callable[[dict[str, Any]], bool] = lambda e: True,
+        *,
+        timeout_s: float = EVENT_TIMEOUT_S,
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + EVENT_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
