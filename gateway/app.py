@@ -120,7 +120,7 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
     state.redis = redis
     store = SpendStore(
         redis,
-        settings.redis_prefix,
+        settings.key_prefix,
         retention_s=settings.retention_s,
         ledger_max_entries=settings.ledger_max_entries,
     )
@@ -136,15 +136,15 @@ async def start_spend_services(state: GatewayState) -> list[asyncio.Task[None]]:
     state.spend_gate = gate
     state.metrics.spend_store_errors.set_function(lambda: gate.store_errors)
     state.metrics.orphaned_calls.set_function(lambda: gate.orphans_settled)
-    state.api_keys = ApiKeyStore(redis, settings.redis_prefix)
+    state.api_keys = ApiKeyStore(redis, settings.key_prefix)
     if settings.admin_key is not None:
         state.admin_key = AdminKey(settings.admin_key)
     state.rate_limiter = RateLimiter(
-        redis, settings.redis_prefix, settings.api_rate_per_s, settings.api_burst
+        redis, settings.key_prefix, settings.api_rate_per_s, settings.api_burst
     )
     # A subscriber waits indefinitely for its next message: no read timeout there.
     listener = redis_listener(url)
-    channel = ControlChannel(redis, settings.redis_prefix, settings.node_id, listener=listener)
+    channel = ControlChannel(redis, settings.key_prefix, settings.node_id, listener=listener)
     state.control_channel = channel
     pending = len(journal.pending())
     if pending:

@@ -31,9 +31,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
+from rutster.spend.redis_url import REDIS_UNAVAILABLE_ERRORS, RedisClient
 from rutster.spend.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class ControlChannel:
     """Publish to another node; listen on this node's own channel."""
 
     def __init__(
-        self, redis: Redis, prefix: str, node: str, *, listener: Redis | None = None
+        self, redis: RedisClient, prefix: str, node: str, *, listener: RedisClient | None = None
     ) -> None:
         """``listener``: a client without a read timeout for the subscription (a
         subscriber waits indefinitely for the next message); defaults to ``redis``."""
@@ -147,7 +147,7 @@ class ControlChannel:
         body = json.dumps({"outcome": reply.outcome.value, "value": reply.value[:MAX_VALUE_CHARS]})
         try:
             await self._redis.set(self.reply_key(request_id), body, px=REPLY_TTL_MS)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+        except REDIS_UNAVAILABLE_ERRORS:
             log.warning("control channel: could not answer request %s (Redis)", request_id)
 
     async def aclose(self) -> None:
@@ -195,8 +195,8 @@ class ControlChannel:
             raise ValueError("control message too large")
         key = self.reply_key(request_id)
         try:
-            receivers = await self._redis.publish(self.channel(node), message)
-            if not int(receivers):
+            receivers = await self._publish(self.channel(node), message)
+            if not receivers:
                 return ControlReply(ControlOutcome.NO_LISTENER)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
@@ -207,8 +207,21 @@ class ControlChannel:
                 if loop.time() >= deadline:
                     return ControlReply(ControlOutcome.NO_ANSWER)
                 await asyncio.sleep(REPLY_POLL_S)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        except REDIS_UNAVAILABLE_ERRORS as exc:
             raise StoreUnavailable("control request", exc) from exc
+
+    async def _publish(self, channel: str, message: str) -> int:
+        """Publish; the count is of the subscribers of the node that got the message.
+
+        On a Cluster every node relays a message to its own subscribers, but counts only
+        those: publish on the node the subscriber chose, the master of the channel's
+        slot (redis-py's ClusterPubSub), so that "nobody listens" means what it says.
+        """
+        if isinstance(self._redis, RedisCluster):
+            await self._redis.initialize()  # the slot map, once (a no-op afterwards)
+            owner = self._redis.get_node_from_key(channel)
+            return int(await self._redis.publish(channel, message, target_nodes=owner))
+        return int(await self._redis.publish(channel, message))
 
     def parse(self, data: Any) -> tuple[ControlRequest, str | None] | None:
         """A received message as ``(request, request_id)``, or None (counted) if
@@ -256,8 +269,14 @@ class ControlChannel:
                         task = asyncio.create_task(self._answer(handler, *parsed))
                         self._running.add(task)
                         task.add_done_callback(self._running.discard)
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+            except REDIS_UNAVAILABLE_ERRORS:
                 await asyncio.sleep(RESUBSCRIBE_DELAY_S)
+                if isinstance(self._listener, RedisCluster):
+                    # The subscriber's node may have failed over; this client sends no
+                    # commands that would tell it, so re-read the slot map before the
+                    # next subscription picks the channel's node from it.
+                    with contextlib.suppress(*REDIS_UNAVAILABLE_ERRORS):
+                        await self._listener.nodes_manager.initialize()
             finally:
                 with contextlib.suppress(Exception):
                     # redis-py < 8 leaves aclose untyped; 8.x annotates it.

@@ -26,7 +26,7 @@ from rutster.spend.gate import (
 from rutster.spend.limits import LimitsError, TenantLimits
 from rutster.spend.money import parse_money
 from rutster.spend.prices import PriceFileError, PriceTable
-from rutster.spend.redis_url import RedisUrlError, check_redis_url
+from rutster.spend.redis_url import RedisUrlError, check_redis_url, key_prefix
 from rutster.spend.store import DEFAULT_PREFIX, LEDGER_MAX_ENTRIES, RECEIPT_RETENTION_S
 from rutster.spend.tenant_id import TENANT_ID_MAX_CHARS, is_tenant_id
 
@@ -104,6 +104,11 @@ class SpendSettings:
     api_burst: int = DEFAULT_BURST
     node_id: str = field(default_factory=default_node_id)
     media_connect_timeout_s: float = MEDIA_CONNECT_TIMEOUT_S
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix of every Redis key: RUTSTER_REDIS_PREFIX, as a hash tag on a Cluster."""
+        return key_prefix(self.redis_url, self.redis_prefix)
 
     @property
     def journal_path(self) -> Path:

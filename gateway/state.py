@@ -19,14 +19,13 @@ from rutster.protocols.call_control import ProviderCallControl
 from rutster.trunk.sip.worker_links import SipCallControl, SipWorkerRegistry
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
     from rutster.gateway.api.api_keys import AdminKey, ApiKeyStore
     from rutster.gateway.api.rate_limit import RateLimiter
     from rutster.gateway.control_channel import ControlChannel, ControlHandler
     from rutster.gateway.provider_registry import ProviderRegistry
     from rutster.spend.embedded_redis import EmbeddedRedis
     from rutster.spend.gate import SpendGate
+    from rutster.spend.redis_url import RedisClient
     from rutster.spend.store import SpendStore
 
 #: Trails of ended calls kept in memory for inspection. Seed decision: the last
@@ -64,7 +63,7 @@ class GatewayState:
     #: registry's provider objects are shared by every app of a process.
     provider_state: dict[str, object] = field(default_factory=dict)
     recent_trails: OrderedDict[str, CallTrail] = field(default_factory=OrderedDict)
-    redis: Redis | None = None
+    redis: RedisClient | None = None
     embedded_redis: EmbeddedRedis | None = None
     #: Set by gateway.server.uvicorn_config: what the HTTP guard closed, and live counts.
     http_guard: HttpGuardStats | None = None

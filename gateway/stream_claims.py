@@ -32,10 +32,18 @@ from typing import TYPE_CHECKING
 
 from redis import exceptions as redis_errors
 
+from rutster.spend.redis_url import REDIS_UNAVAILABLE_ERRORS
+
 if TYPE_CHECKING:
     from rutster.spend.store import SpendStore
 
 log = logging.getLogger(__name__)
+
+#: Any failure of the claim's one SET: an error reply, or Redis (or a Cluster's slot) away.
+_CLAIM_FAILURES: tuple[type[BaseException], ...] = (
+    redis_errors.RedisError,
+    *REDIS_UNAVAILABLE_ERRORS,
+)
 
 #: Key part after the store's prefix: ``P:stream_claim:<call_id>``.
 CLAIM_KEY_PART = "stream_claim"
@@ -115,7 +123,7 @@ class StreamClaims:
             won = await store.redis.set(
                 self.key(store.keys.prefix, call_id), node, nx=True, px=ttl_ms
             )
-        except (redis_errors.RedisError, OSError) as exc:
+        except _CLAIM_FAILURES as exc:
             # Any failure of this one SET means Redis did not record the claim: fall back.
             log.warning(
                 "call %s: Redis unreachable when claiming its stream token (%s); claimed on "

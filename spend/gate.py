@@ -190,17 +190,19 @@ class SpendGate:
             return self._refusal(call_id, REASON_NO_PRICE, CallCaps(1, 0), 0)
         try:
             limits = await self.tenant_limits(request.tenant)
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
             return await self._store_down_admission(
-                call_id, request, self.policy.default_limits, rate.cost(0), sent=False
+                call_id, request, self.policy.default_limits, rate.cost(0), exc, sent=False
             )
         caps = self.caps_for(request, limits)
         quantum = min(self.policy.quantum.quantum_micros(rate), caps.max_cost_micros)
         admit = self._admit_request(call_id, request, caps, quantum, now)
         try:
             result = await self.store.admit(admit)
-        except StoreUnavailable:
-            return await self._store_down_admission(call_id, request, limits, quantum, sent=True)
+        except StoreUnavailable as exc:
+            return await self._store_down_admission(
+                call_id, request, limits, quantum, exc, sent=True
+            )
         if not result.admitted:
             return self._refusal(call_id, result.reason, caps, quantum)
         return Admission(call_id, True, "ok", caps, quantum)
@@ -247,17 +249,18 @@ class SpendGate:
         request: AdmissionRequest,
         limits: TenantLimits,
         quantum: Micros,
+        cause: StoreUnavailable,
         *,
         sent: bool,
     ) -> Admission:
-        """Redis failed during admission. ``sent``: the admit script may have run."""
+        """Redis failed during admission (``cause``). ``sent``: the admit script may have run."""
         self.store_errors += 1
         caps = self.caps_for(request, limits)
         rate = self.prices.telephony_rate(request.provider, request.direction)
         quantum = quantum or min(self.policy.quantum.quantum_micros(rate), caps.max_cost_micros)
         now = self._wall_ms()
         if not self.policy.admit_when_store_down:
-            log.warning("call refused: the spend store (Redis) is unreachable (fail-closed policy)")
+            log.warning("call refused (fail-closed policy): %s", cause)
             if sent:
                 # Redis may have applied the admission before the connection broke:
                 # release whatever it reserved once it is back (a no-op if it did not).

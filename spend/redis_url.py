@@ -7,27 +7,71 @@
   themselves (redis-py's ``SentinelConnectionPool``). ``rediss+sentinel://`` speaks
   TLS to the master. The password (if any) is the master's; the Sentinels are asked
   without one.
+- ``redis+cluster://[:password@]host1:port1[,host2:port2...]``: a Redis Cluster, found
+  from any of the nodes named (redis-py's ``RedisCluster``, which follows MOVED
+  replies and re-reads the slot map after a failover). ``rediss+cluster://`` for TLS.
+  Every key then carries the hash tag ``{prefix}`` (:func:`cluster_key_prefix`): the
+  spend scripts touch a tenant's keys and the global ones (active set, ledger) in one
+  atomic step, which Cluster allows only within one hash slot. So all of rutster's state
+  lives on one shard: Cluster buys failover, not write capacity (docs/OPERATIONS.md,
+  "Redis", which also says what a failover can cost in money).
 
-Redis Cluster is not supported: the spend scripts touch a tenant's keys and the global
-ones (active set, ledger) in one atomic step, which Cluster allows only within one hash
-slot (docs/OPERATIONS.md, "Redis", which also says what a failover can cost).
+:data:`REDIS_UNAVAILABLE_ERRORS` is what any of these clients raises when the server
+cannot be reached or cannot take writes now: every store maps it to its own
+"unavailable" error, one policy for all topologies.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 #: Schemes of one server (redis-py parses them).
 SERVER_SCHEMES = ("redis", "rediss", "unix")
 #: Schemes of a master found through Sentinel.
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+#: Schemes of a Redis Cluster.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 #: Port of a Sentinel named without one (Redis' own default).
 DEFAULT_SENTINEL_PORT = 26379
+#: Port of a Cluster node named without one (Redis' own default).
+DEFAULT_REDIS_PORT = 6379
+
+#: A client of any topology this module builds.
+RedisClient = Redis | RedisCluster
+
+#: Failures that mean "not reachable / not taking writes right now" (redis-py maps the
+#: server's LOADING, OOM, READONLY, CLUSTERDOWN, TRYAGAIN, MASTERDOWN replies to some of
+#: these; a Cluster whose slot has no reachable master raises the cluster ones). Anything
+#: else (a script's own bug, a cross-slot command) is a bug and stays loud.
+REDIS_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.ReadOnlyError,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+    redis_errors.SlotNotCoveredError,
+    redis_errors.RedisClusterUnreachableError,
+    OSError,
+)
+#: The same conditions as plain error replies, or wrapped inside a script error
+#: ("ERR Error running script ...: @user_script:12: -OOM command not allowed ...").
+REDIS_UNAVAILABLE_REPLY = re.compile(
+    r"(?:^|[\s:-])(OOM|BUSY|LOADING|MISCONF|READONLY|MASTERDOWN|NOREPLICAS|CLUSTERDOWN|TRYAGAIN)\b"
+)
+
+
+def is_unavailable_reply(exc: redis_errors.ResponseError) -> bool:
+    """True if an error reply means Redis cannot take the command now (not our bug)."""
+    return REDIS_UNAVAILABLE_REPLY.search(str(exc)) is not None
 
 
 class RedisUrlError(ValueError):
@@ -52,13 +96,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
         raise RedisUrlError(f"not a Sentinel URL (scheme {parts.scheme!r})")
     hosts = parts.netloc.rpartition("@")[2]
     password = unquote(parts.password) if parts.password else None
-    sentinels = []
-    for entry in filter(None, hosts.split(",")):
-        host, _, port = entry.rpartition(":") if ":" in entry else (entry, "", "")
-        try:
-            sentinels.append((host or entry, int(port) if port else DEFAULT_SENTINEL_PORT))
-        except ValueError:
-            raise RedisUrlError(f"bad Sentinel address {entry!r}") from None
+    sentinels = _addresses(hosts, DEFAULT_SENTINEL_PORT, "Sentinel")
     path = [p for p in parts.path.split("/") if p]
     if not sentinels or not path or len(path) > 2:
         raise RedisUrlError(
@@ -73,15 +111,65 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterTarget:
+    """Where to find a Redis Cluster: some of its nodes, and the credentials."""
+
+    nodes: tuple[tuple[str, int], ...]
+    password: str | None = None
+    tls: bool = False
+
+
+def _addresses(hosts: str, default_port: int, kind: str) -> list[tuple[str, int]]:
+    addresses = []
+    for entry in filter(None, hosts.split(",")):
+        host, _, port = entry.rpartition(":") if ":" in entry else (entry, "", "")
+        try:
+            addresses.append((host or entry, int(port) if port else default_port))
+        except ValueError:
+            raise RedisUrlError(f"bad {kind} address {entry!r}") from None
+    return addresses
+
+
+def parse_cluster_url(url: str) -> ClusterTarget:
+    """Parse a ``redis+cluster://`` URL; :class:`RedisUrlError` if it is not one."""
+    parts = urlsplit(url)
+    if parts.scheme not in CLUSTER_SCHEMES:
+        raise RedisUrlError(f"not a Cluster URL (scheme {parts.scheme!r})")
+    nodes = _addresses(parts.netloc.rpartition("@")[2], DEFAULT_REDIS_PORT, "Cluster node")
+    if not nodes or parts.path.strip("/"):
+        # A Cluster has one database: a path would be a database number it cannot have.
+        raise RedisUrlError("a Cluster URL is redis+cluster://host:port[,host:port...]")
+    password = unquote(parts.password) if parts.password else None
+    return ClusterTarget(tuple(nodes), password, tls=parts.scheme.startswith("rediss"))
+
+
+def is_cluster_url(url: str) -> bool:
+    """True if ``url`` names a Redis Cluster."""
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
+def cluster_key_prefix(prefix: str) -> str:
+    """``prefix`` as a hash tag, so that every key under it falls in one Cluster slot."""
+    return f"{{{prefix}}}"
+
+
+def key_prefix(url: str | None, prefix: str) -> str:
+    """The key prefix to use on the Redis ``url`` names (hash-tagged on a Cluster)."""
+    return cluster_key_prefix(prefix) if url is not None and is_cluster_url(url) else prefix
+
+
 def check_redis_url(url: str) -> None:
-    """:class:`RedisUrlError` unless ``url`` is a form :func:`redis_from_url` takes."""
+    """:class:`RedisUrlError` unless ``url`` is a form this module can connect to."""
     scheme = urlsplit(url).scheme
     if scheme in SENTINEL_SCHEMES:
         parse_sentinel_url(url)
+    elif scheme in CLUSTER_SCHEMES:
+        parse_cluster_url(url)
     elif scheme not in SERVER_SCHEMES:
         raise RedisUrlError(
-            "REDIS_URL must be a redis://, rediss://, unix:// or redis+sentinel:// URL "
-            f"(scheme was {scheme!r})"
+            "REDIS_URL must be a redis://, rediss://, unix://, redis+sentinel:// or "
+            f"redis+cluster:// URL (scheme was {scheme!r})"
         )
 
 
@@ -113,3 +201,15 @@ def sentinel_master(url: str, **connection: Any) -> Redis:
         **connection,
     )
     return master
+
+
+def cluster_client(url: str, **connection: Any) -> RedisCluster:
+    """A client of the Redis Cluster a ``redis+cluster://`` URL names, with
+    ``connection`` settings (timeouts, decoding, connections per node)."""
+    target = parse_cluster_url(url)
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
+        password=target.password,
+        ssl=target.tls,
+        **connection,
+    )

@@ -27,9 +27,10 @@ Key layout (prefix ``P``, default ``"rutster"``), all money in integer micros:
   live in the day/month hashes.
 - ``P:refusals``, ``P:ended`` streams: recent admission refusals / ended calls (dashboard).
 
-Deployment: a standalone Redis (or a primary with replicas; Redis >= 6.2). Some scripts
-derive a tenant's keys from the prefix inside Lua, which Redis Cluster forbids unless
-all of them share a hash slot: running on Cluster would need ``{hash tags}`` in the keys.
+Deployment: a standalone Redis (or a primary with replicas, or one found through
+Sentinel; Redis >= 6.2), or a Redis Cluster. Some scripts derive a tenant's keys from the
+prefix inside Lua, which Cluster allows only when all of them share a hash slot: on a
+Cluster the prefix is a hash tag, ``{P}`` (spend/redis_url.py), so every key is in one.
 
 The Redis client is created by the caller; build it with :func:`redis_client` (or the
 same settings on a ``BlockingConnectionPool`` of REDIS_MAX_CONNECTIONS:
@@ -59,6 +60,7 @@ from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.typing import EncodableT, FieldT
@@ -72,7 +74,15 @@ from rutster.spend.limits import (
     LimitsError,
     TenantLimits,
 )
-from rutster.spend.redis_url import SENTINEL_SCHEMES, sentinel_master
+from rutster.spend.redis_url import (
+    CLUSTER_SCHEMES,
+    REDIS_UNAVAILABLE_ERRORS,
+    SENTINEL_SCHEMES,
+    RedisClient,
+    cluster_client,
+    is_unavailable_reply,
+    sentinel_master,
+)
 from rutster.spend.tenant_id import TENANT_ID_RE
 
 #: Default key prefix (design: issue 5).
@@ -159,7 +169,8 @@ ACTIVE_LIST_MAX = 1_000
 #: (tenant ids: spend/tenant_id.py).
 CALL_ID_PATTERN = r"[A-Za-z0-9_.-]{1,128}"
 CAMPAIGN_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
-PREFIX_PATTERN = r"[A-Za-z0-9_.:-]{1,64}"
+#: A key prefix: a plain one, or (on a Redis Cluster) the same as a hash tag ``{prefix}``.
+PREFIX_PATTERN = r"[A-Za-z0-9_.:-]{1,64}|\{[A-Za-z0-9_.:-]{1,64}\}"
 END_REASON_PATTERN = r"[A-Za-z0-9_.:-]{1,64}"
 _CALL_RE = re.compile(CALL_ID_PATTERN)
 #: A gateway node's id (RUTSTER_NODE_ID; gateway/control_channel.py checks the same).
@@ -222,44 +233,43 @@ class StoreUnavailable(Exception):
     """Redis cannot be reached or cannot take writes right now; apply the failure policy."""
 
     def __init__(self, operation: str, cause: BaseException) -> None:
-        super().__init__(f"spend store unavailable during {operation}: {type(cause).__name__}")
+        # The cause's own words, bounded: redis-py's connection and reply errors name the
+        # address and the server's reply, never the credentials.
+        detail = str(cause)[:200]
+        super().__init__(
+            f"spend store unavailable during {operation}: {type(cause).__name__}"
+            + (f" ({detail})" if detail else "")
+        )
         self.operation = operation
-
-
-# Error classes that mean "not reachable / not accepting writes now" (redis-py maps the
-# server's LOADING, OOM, READONLY, CLUSTERDOWN, TRYAGAIN, MASTERDOWN replies to these).
-_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.OutOfMemoryError,
-    redis_errors.ReadOnlyError,
-    redis_errors.ClusterDownError,
-    redis_errors.TryAgainError,
-    OSError,
-)
-# The same conditions as plain error replies, or wrapped inside a script error
-# ("ERR Error running script ...: @user_script:12: -OOM command not allowed ...").
-_UNAVAILABLE_REPLY = re.compile(
-    r"(?:^|[\s:-])(OOM|BUSY|LOADING|MISCONF|READONLY|MASTERDOWN|NOREPLICAS|CLUSTERDOWN|TRYAGAIN)\b"
-)
 
 
 @contextlib.contextmanager
 def _unavailable_as(operation: str) -> Iterator[None]:
     try:
         yield
-    except _UNAVAILABLE_ERRORS as exc:
+    except REDIS_UNAVAILABLE_ERRORS as exc:
         raise StoreUnavailable(operation, exc) from exc
     except redis_errors.ResponseError as exc:
-        if _UNAVAILABLE_REPLY.search(str(exc)):
+        if is_unavailable_reply(exc):
             raise StoreUnavailable(operation, exc) from exc
         raise
 
 
-def redis_client(url: str) -> Redis:
+def redis_client(url: str) -> RedisClient:
     """A ``redis.asyncio.Redis`` with the settings this store expects (see module doc), on a
     pool of at most :data:`REDIS_MAX_CONNECTIONS`; closing the client closes the pool.
-    A ``redis+sentinel://`` URL gives the master the Sentinels name (spend/redis_url.py)."""
+    A ``redis+sentinel://`` URL gives the master the Sentinels name, a ``redis+cluster://``
+    URL a ``RedisCluster`` client (spend/redis_url.py)."""
+    if urlsplit(url).scheme in CLUSTER_SCHEMES:
+        # Per node; the cluster client fails an operation at once when they are all busy.
+        return cluster_client(
+            url,
+            max_connections=REDIS_MAX_CONNECTIONS,
+            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            retry=Retry(NoBackoff(), REDIS_RETRIES),
+            decode_responses=True,
+        )
     if urlsplit(url).scheme in SENTINEL_SCHEMES:
         return sentinel_master(
             url,
@@ -281,9 +291,17 @@ def redis_client(url: str) -> Redis:
     return Redis.from_pool(pool)
 
 
-def redis_listener(url: str) -> Redis:
+def redis_listener(url: str) -> RedisClient:
     """A client for a pub/sub subscriber: no read timeout (it waits indefinitely for the
-    next message), one connection; through the Sentinels for a Sentinel URL."""
+    next message), one connection; through the Sentinels for a Sentinel URL; on a
+    Cluster, the subscriber connects to the master of its channel's slot."""
+    if urlsplit(url).scheme in CLUSTER_SCHEMES:
+        return cluster_client(
+            url,
+            decode_responses=True,
+            socket_timeout=None,  # RedisCluster's default is 5 s
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+        )
     if urlsplit(url).scheme in SENTINEL_SCHEMES:
         return sentinel_master(
             url, decode_responses=True, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S
@@ -695,15 +713,21 @@ class SpendStore:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         prefix: str = DEFAULT_PREFIX,
         *,
         retention_s: int = RECEIPT_RETENTION_S,
         ledger_max_entries: int = LEDGER_MAX_ENTRIES,
     ) -> None:
         _check_id("key prefix", prefix, _PREFIX_RE)
-        if not redis.connection_pool.connection_kwargs.get("decode_responses"):
+        if not redis.get_connection_kwargs().get("decode_responses"):
             raise ValueError("SpendStore needs a Redis client with decode_responses=True")
+        if isinstance(redis, RedisCluster) and not prefix.startswith("{"):
+            # Without a hash tag the scripts' keys would fall in many slots: CROSSSLOT.
+            raise ValueError(
+                "on a Redis Cluster the key prefix must be a hash tag "
+                "(spend.redis_url.cluster_key_prefix)"
+            )
         self.redis = redis
         self.keys = StoreKeys(prefix)
         self.retention_s = _check_count("retention_s", retention_s, 10 * 365 * 86_400, minimum=1)

@@ -19,6 +19,7 @@ from rutster.gateway.control_channel import (
     ControlReply,
     ControlRequest,
 )
+from rutster.spend.redis_url import RedisClient
 from rutster.spend.store import redis_client
 from tests.conftest import suite_redis_url, unique_prefix
 
@@ -26,7 +27,7 @@ CALL = "call_" + "ab" * 8
 
 
 @pytest.fixture
-async def clients() -> AsyncIterator[tuple[Redis, Redis]]:
+async def clients() -> AsyncIterator[tuple[RedisClient, Redis]]:
     shared = redis_client(suite_redis_url())
     listener = Redis.from_url(suite_redis_url(), decode_responses=True)
     yield shared, listener
@@ -36,7 +37,7 @@ async def clients() -> AsyncIterator[tuple[Redis, Redis]]:
 
 @contextlib.asynccontextmanager
 async def listening(
-    channel: ControlChannel, shared: Redis, handler: ControlHandler
+    channel: ControlChannel, shared: RedisClient, handler: ControlHandler
 ) -> AsyncIterator[None]:
     task = asyncio.create_task(channel.listen(handler))
     try:
@@ -54,7 +55,7 @@ async def listening(
         await channel.aclose()
 
 
-async def test_the_owner_runs_the_request_and_answers(clients: tuple[Redis, Redis]) -> None:
+async def test_the_owner_runs_the_request_and_answers(clients: tuple[RedisClient, Redis]) -> None:
     shared, listener = clients
     prefix = unique_prefix()
     owner = ControlChannel(shared, prefix, "node-b", listener=listener)
@@ -88,7 +89,7 @@ async def test_the_owner_runs_the_request_and_answers(clients: tuple[Redis, Redi
 
 
 async def test_a_failing_or_silent_owner_is_an_outcome_not_a_hang(
-    clients: tuple[Redis, Redis],
+    clients: tuple[RedisClient, Redis],
 ) -> None:
     shared, listener = clients
     prefix = unique_prefix()

@@ -125,7 +125,7 @@ async def test_the_store_follows_the_master_through_a_failover(tmp_path: Path) -
             assert (await store.admit(request("call_before", now))).admitted
             # On the replica before the master goes (replication is asynchronous:
             # docs/OPERATIONS.md says what a failover can lose without this).
-            assert await client.execute_command("WAIT", 1, 5_000) == 1  # type: ignore[no-untyped-call]
+            assert await client.execute_command("WAIT", 1, 5_000) == 1
             master_proc.kill()
             master_proc.wait(10)
             deadline = time.monotonic() + FAILOVER_WAIT_S
@@ -177,7 +177,7 @@ def test_sentinel_urls_parse(url: str, target: SentinelTarget) -> None:
         "redis+sentinel://10.0.0.1:port/main",
         "redis+sentinel://10.0.0.1/main/zero",
         "redis+sentinel://10.0.0.1/main/0/extra",
-        "redis+cluster://10.0.0.1:7000",
+        "redis+shard://10.0.0.1:7000",
     ],
 )
 def test_bad_redis_urls_are_configuration_errors(url: str) -> None:

@@ -21,13 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.typing import EncodableT, FieldT
 
 from rutster.base.env_values import ConfigError, read_secret
 from rutster.gateway.api.errors import unauthorized
-from rutster.gateway.api.rate_limit import REDIS_UNAVAILABLE_ERRORS
 from rutster.gateway.api.schemas import API_KEY_PATTERN, KEY_LABEL_PATTERN, ROLES
+from rutster.spend.redis_url import REDIS_UNAVAILABLE_ERRORS, RedisClient
 from rutster.spend.store import StoreUnavailable
 from rutster.spend.tenant_id import TENANT_ID_PATTERN
 
@@ -119,7 +118,7 @@ def _text(value: Any) -> str | None:
 class ApiKeyStore:
     """Tenant API keys in Redis under ``prefix`` (works with or without ``decode_responses``)."""
 
-    def __init__(self, redis: Redis, prefix: str = "rutster") -> None:
+    def __init__(self, redis: RedisClient, prefix: str = "rutster") -> None:
         self._redis = redis
         self._prefix = prefix
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from dataclasses import dataclass
 from importlib import resources
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
 
+from rutster.spend.redis_url import REDIS_UNAVAILABLE_ERRORS, RedisClient, is_unavailable_reply
 from rutster.spend.store import StoreUnavailable
 
 #: Default sustained rate per key: 20 requests/s. Seed decision: a dashboard polls
@@ -35,20 +34,6 @@ MAX_BURST = 1_000_000
 MAX_KEY_ID_CHARS = 128
 
 _US_PER_S = 1_000_000
-
-
-#: Redis failures that mean "not reachable / not taking writes right now" (the
-#: classes spend.store treats the same way); anything else is a bug and stays loud.
-REDIS_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.OutOfMemoryError,
-    redis_errors.ReadOnlyError,
-    OSError,
-)
-#: Script error replies that mean Redis cannot take the write now (out of memory
-#: under ``noeviction``, a read-only replica, still loading), not a bug in the script.
-_UNAVAILABLE_REPLY = re.compile(r"(?:^|[\s:-])(OOM|BUSY|LOADING|MISCONF|READONLY|MASTERDOWN)\b")
 
 
 class RateLimiterUnavailable(StoreUnavailable):
@@ -83,7 +68,7 @@ class RateLimiter:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         prefix: str = "rutster",
         rate_per_s: float = DEFAULT_RATE_PER_S,
         burst: int = DEFAULT_BURST,
@@ -116,7 +101,7 @@ class RateLimiter:
         except REDIS_UNAVAILABLE_ERRORS as exc:
             raise RateLimiterUnavailable("rate limit check", exc) from exc
         except redis_errors.ResponseError as exc:
-            if _UNAVAILABLE_REPLY.search(str(exc)):
+            if is_unavailable_reply(exc):
                 raise RateLimiterUnavailable("rate limit check", exc) from exc
             raise
         allowed, retry_after_us, remaining = (int(v) for v in reply)
