@@ -181,13 +181,28 @@ async def test_node_b_killed_has_its_call_settled_within_the_bound_and_the_books
     assert settled == ended["spent"]
 
 
-async def test_a_tenant_cap_of_two_holds_with_calls_on_both_nodes(
+async def admin_put(node: Service, path: str, body: dict[str, object]) -> None:
+    """``PUT path`` on ``node`` with the admin key; it must succeed."""
+    async with httpx.AsyncClient(base_url=f"http://{LOOPBACK}:{node.port}", timeout=10) as api:
+        response = await api.put(
+            path, json=body, headers={"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
+        )
+    assert response.status_code == 200, response.text
+
+
+async def test_a_tenant_cap_the_kill_switch_and_a_limit_change_hold_across_both_nodes(
     echo_brain: EchoBrain, speech_pcm: bytes
 ) -> None:
     # Each node its own public URL here: Twilio calls one number's webhook on node A,
     # another's on node B, and each call's media stays where its webhook went.
     prefix, token = unique_prefix(), secrets.token_urlsafe(16)
-    env = cluster_env(prefix, token, echo_brain.url, RUTSTER_DEFAULT_MAX_CONCURRENT="2")
+    env = cluster_env(
+        prefix,
+        token,
+        echo_brain.url,
+        RUTSTER_DEFAULT_MAX_CONCURRENT="2",
+        RUTSTER_ADMIN_KEY=TEST_ADMIN_KEY,
+    )
     client = redis_client(suite_redis_url())
     store = SpendStore(client, prefix)
     try:
@@ -227,7 +242,26 @@ async def test_a_tenant_cap_of_two_holds_with_calls_on_both_nodes(
                 new_sid("CA"), from_="+15550007777", to="+15559990000"
             )
             assert "<Stream" in answer.text, answer.text
+            # The kill switch engaged on one node refuses calls on the other at once;
+            # released there, a limit lowered there holds on the first node: both live in
+            # Redis, which every admission reads (nothing is cached on a node).
+            await admin_put(a, "/v1/admin/kill-switch", {"engaged": True})
+            answer = await twilio[b.port].post_voice_webhook(
+                new_sid("CA"), from_="+15550007777", to="+15559990000"
+            )
+            assert "<Reject" in answer.text, answer.text
+            await admin_put(b, "/v1/admin/kill-switch", {"engaged": False})
+            # The call admitted just above holds one place (its media never comes).
+            await admin_put(b, f"/v1/tenants/{TENANT}/limits", {"max_concurrent": 1})
+            answer = await twilio[a.port].post_voice_webhook(
+                new_sid("CA"), from_="+15550007777", to="+15559990000"
+            )
+            assert "<Reject" in answer.text, answer.text
         refusals = await store.recent_refusals(10)
-        assert [r["reason"] for r in refusals] == ["tenant_concurrency"] * 4
+        assert [r["reason"] for r in reversed(refusals)] == [
+            *["tenant_concurrency"] * 4,
+            "kill_switch",
+            "tenant_concurrency",
+        ]
     finally:
         await client.aclose()
