@@ -21,7 +21,7 @@ from rutster.tools.sip_load_generator import analyse_echo
 from rutster.tools.sip_peer import SipPeerProcess
 from tests.conftest import eventually
 from tests.realtime_echo import check_sip_echo, realtime_echo
-from tests.sip_stack import SipStack, sip_stack, speech_16k
+from tests.sip_stack import sip_stack, speech_16k
 from tests.test_sip_e2e import SPEECH, SipBrain
 from tests.test_sip_kamailio import (
     CONFIG,
@@ -36,14 +36,15 @@ KAMAILIO_START_S = 15.0
 
 
 @contextlib.contextmanager
-def kamailio_in_front(stack: SipStack, work: Path) -> Iterator[int]:
-    """Kamailio on a free loopback UDP port dispatching to the stack's workers; its port."""
+def kamailio_in_front(worker_ports: list[int], work: Path) -> Iterator[int]:
+    """Kamailio on a free loopback UDP port dispatching to the SIP workers listening on
+    ``worker_ports``; its port."""
     binary = kamailio_binary()
     ds_list = work / "dispatcher.list"
     ds_list.write_text(
         "".join(
-            f"1 sip:{LOOPBACK}:{w.port} 0 0 duid=w{i};maxload=4\n"
-            for i, w in enumerate(stack.workers)
+            f"1 sip:{LOOPBACK}:{port} 0 0 duid=w{i};maxload=4\n"
+            for i, port in enumerate(worker_ports)
         )
     )
     port = free_udp_port()
@@ -77,7 +78,7 @@ def kamailio_in_front(stack: SipStack, work: Path) -> Iterator[int]:
 async def test_kamailio_spreads_real_calls_over_two_workers(tmp_path: Path) -> None:
     speech = speech_16k(str(SPEECH), 3.0)
     async with SipBrain() as brain, sip_stack(brain.url, workers=2) as stack:
-        with kamailio_in_front(stack, tmp_path) as port:
+        with kamailio_in_front([w.port for w in stack.workers], tmp_path) as port:
             async with SipPeerProcess() as peer:
                 uri = f"sip:+15550001111@{LOOPBACK}:{port}"
                 calls = [await peer.place_call(uri, speech=speech, loop=False) for _ in range(2)]
