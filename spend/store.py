@@ -55,7 +55,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib.resources import files
-from typing import Final, TypedDict, cast
+from typing import Any, Final, TypedDict, cast
 from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
@@ -260,34 +260,20 @@ def redis_client(url: str) -> RedisClient:
     pool of at most :data:`REDIS_MAX_CONNECTIONS`; closing the client closes the pool.
     A ``redis+sentinel://`` URL gives the master the Sentinels name, a ``redis+cluster://``
     URL a ``RedisCluster`` client (spend/redis_url.py)."""
+    settings: dict[str, Any] = {
+        "max_connections": REDIS_MAX_CONNECTIONS,
+        "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+        "retry": Retry(NoBackoff(), REDIS_RETRIES),
+        "decode_responses": True,
+    }
     if urlsplit(url).scheme in CLUSTER_SCHEMES:
-        # Per node; the cluster client fails an operation at once when they are all busy.
-        return cluster_client(
-            url,
-            max_connections=REDIS_MAX_CONNECTIONS,
-            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
-            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-            retry=Retry(NoBackoff(), REDIS_RETRIES),
-            decode_responses=True,
-        )
+        # Connections per node; the cluster client fails an operation at once when they
+        # are all busy, rather than waiting REDIS_POOL_WAIT_S for one.
+        return cluster_client(url, **settings)
     if urlsplit(url).scheme in SENTINEL_SCHEMES:
-        return sentinel_master(
-            url,
-            max_connections=REDIS_MAX_CONNECTIONS,
-            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
-            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-            retry=Retry(NoBackoff(), REDIS_RETRIES),
-            decode_responses=True,
-        )
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=REDIS_MAX_CONNECTIONS,
-        timeout=REDIS_POOL_WAIT_S,
-        socket_timeout=REDIS_SOCKET_TIMEOUT_S,
-        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-        retry=Retry(NoBackoff(), REDIS_RETRIES),
-        decode_responses=True,
-    )
+        return sentinel_master(url, **settings)
+    pool = BlockingConnectionPool.from_url(url, timeout=REDIS_POOL_WAIT_S, **settings)
     return Redis.from_pool(pool)
 
 

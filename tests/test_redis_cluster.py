@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -39,9 +40,7 @@ from rutster.spend.redis_url import (
     parse_cluster_url,
 )
 from rutster.spend.store import (
-    AdmitRequest,
     SpendStore,
-    StoreUnavailable,
     redis_client,
     redis_listener,
 )
@@ -49,9 +48,9 @@ from rutster.tools.launcher import LOOPBACK, gateway_process
 from rutster.tools.twilio_simulator import TwilioSimulator, new_sid
 from tests.conftest import TEST_ADMIN_KEY, tenant_key, unique_prefix
 from tests.support.cluster import TENANT, cluster_env, record_when
+from tests.support.failover import admit_after_failover_and_balance, failover_request
 from tests.support.redis_cluster import SETTLE_S, LocalRedisCluster, local_redis_cluster
 from tests.support.split_proxy import SplitProxy
-
 
 #: Longer than redis-py's default read timeout of a Cluster connection (5 s).
 IDLE_S = 6.0
@@ -63,16 +62,14 @@ def redis_cluster(tmp_path: Path) -> Iterator[LocalRedisCluster]:
         yield cluster
 
 
-def request(call_id: str, tenant: str, now_ms: int) -> AdmitRequest:
-    return AdmitRequest(
-        call_id=call_id,
-        tenant=tenant,
-        now_ms=now_ms,
-        quantum=10_000,
-        provider="twilio",
-        direction="inbound",
-        check_caller=False,
-    )
+@pytest.fixture
+async def cluster_store(redis_cluster: LocalRedisCluster) -> AsyncIterator[SpendStore]:
+    """A store on the cluster under a fresh hash-tagged prefix (its client closed after)."""
+    client = redis_client(redis_cluster.url)
+    try:
+        yield SpendStore(client, cluster_key_prefix(unique_prefix()))
+    finally:
+        await client.aclose()
 
 
 async def balanced(store: SpendStore, tenant: str, day: str) -> tuple[int, int]:
@@ -82,37 +79,34 @@ async def balanced(store: SpendStore, tenant: str, day: str) -> tuple[int, int]:
 
 
 async def test_every_key_lands_in_the_prefix_slot_and_the_books_balance(
-    redis_cluster: LocalRedisCluster,
+    redis_cluster: LocalRedisCluster, cluster_store: SpendStore
 ) -> None:
-    client = redis_client(redis_cluster.url)
-    prefix = cluster_key_prefix(unique_prefix())
-    store = SpendStore(client, prefix)
-    try:
-        now = int(time.time() * 1000)
-        for index, tenant in enumerate(("acme", "globex", "acme")):
-            call_id = f"call_{index}"
-            assert (await store.admit(request(call_id, tenant, now))).admitted
-            assert (await store.connect(call_id, "node-a", now + 100)).won
-            await store.heartbeat(call_id, 1, now + 1_000, 2_000)
-            await store.add_receipt(call_id, {"event": "test", "n": index})
-            settled = await store.settle(call_id, 2, 3_000 + index, now + 2_000, "caller_hangup")
-            assert settled.status == "settled"
-        await store.node_beat("node-a", now, {"sip_free": "0"})
-        await store.set_kill_switch(False)
-        keys = ApiKeyStore(client, prefix)
-        issued = await keys.create("acme", now_ms=now)
-        assert (await keys.lookup(issued.key)) is not None
-        assert (await RateLimiter(client, prefix, 1.0, 2).check(issued.key_hash, now)).allowed
-        first = await store.get_call("call_0")
-        assert first is not None
-        day = first["day"]
-        assert await balanced(store, "acme", day) == (3_000 + 3_002, 0)
-        assert await balanced(store, "globex", day) == (3_001, 0)
-        ledger = await store.ledger(100)
-        settled_total = sum(int(e["amount"]) for e in ledger if e["type"] == "settle")
-        assert settled_total == 3_000 + 3_001 + 3_002
-    finally:
-        await client.aclose()
+    store, client = cluster_store, cluster_store.redis
+    prefix = store.keys.prefix
+    now = int(time.time() * 1000)
+    for index, tenant in enumerate(("acme", "globex", "acme")):
+        call_id = f"call_{index}"
+        admit = replace(failover_request(call_id, now), tenant=tenant)
+        assert (await store.admit(admit)).admitted
+        assert (await store.connect(call_id, "node-a", now + 100)).won
+        await store.heartbeat(call_id, 1, now + 1_000, 2_000)
+        await store.add_receipt(call_id, {"event": "test", "n": index})
+        settled = await store.settle(call_id, 2, 3_000 + index, now + 2_000, "caller_hangup")
+        assert settled.status == "settled"
+    await store.node_beat("node-a", now, {"sip_free": "0"})
+    await store.set_kill_switch(False)
+    keys = ApiKeyStore(client, prefix)
+    issued = await keys.create("acme", now_ms=now)
+    assert (await keys.lookup(issued.key)) is not None
+    assert (await RateLimiter(client, prefix, 1.0, 2).check(issued.key_hash, now)).allowed
+    first = await store.get_call("call_0")
+    assert first is not None
+    day = first["day"]
+    assert await balanced(store, "acme", day) == (3_000 + 3_002, 0)
+    assert await balanced(store, "globex", day) == (3_001, 0)
+    ledger = await store.ledger(100)
+    settled_total = sum(int(e["amount"]) for e in ledger if e["type"] == "settle")
+    assert settled_total == 3_000 + 3_001 + 3_002
     # Every key under the prefix is on the one master that serves its slot.
     owner = redis_cluster.master_of(prefix)
     found: dict[int, list[str]] = {}
@@ -128,40 +122,21 @@ async def test_every_key_lands_in_the_prefix_slot_and_the_books_balance(
 
 
 async def test_the_store_follows_a_failover_of_the_master_of_its_slot(
-    redis_cluster: LocalRedisCluster,
+    redis_cluster: LocalRedisCluster, cluster_store: SpendStore
 ) -> None:
-    client = redis_client(redis_cluster.url)
-    prefix = cluster_key_prefix(unique_prefix())
-    store = SpendStore(client, prefix)
-    try:
-        now = int(time.time() * 1000)
-        assert (await store.admit(request("call_before", "acme", now))).admitted
-        owner = redis_cluster.master_of(prefix)
-        with owner.client() as node:
-            # On the replica before the master goes (replication is asynchronous:
-            # docs/OPERATIONS.md says what a failover can lose without this).
-            assert node.execute_command("WAIT", 1, 5_000) == 1
-        redis_cluster.kill(owner)
-        await asyncio.to_thread(redis_cluster.wait_ok)
-        assert redis_cluster.master_of(prefix).port != owner.port
-        # The same client: it re-reads the slot map and reaches the promoted replica.
-        deadline = time.monotonic() + SETTLE_S
-        while True:
-            try:
-                admitted = await store.admit(request("call_after", "acme", now + 1_000))
-                break
-            except StoreUnavailable:
-                assert time.monotonic() < deadline, "the store never reached the new master"
-                await asyncio.sleep(0.2)
-        assert admitted.admitted
-        for call_id, actual in (("call_before", 4_000), ("call_after", 6_000)):
-            settled = await store.settle(call_id, 1, actual, now + 5_000, "caller_hangup")
-            assert settled.status == "settled", call_id
-        before = await store.get_call("call_before")
-        assert before is not None
-        assert await balanced(store, "acme", before["day"]) == (10_000, 0)
-    finally:
-        await client.aclose()
+    store = cluster_store
+    now = int(time.time() * 1000)
+    assert (await store.admit(failover_request("call_before", now))).admitted
+    owner = redis_cluster.master_of(store.keys.prefix)
+    with owner.client() as node:
+        # On the replica before the master goes (replication is asynchronous:
+        # docs/SPEND.md says what a failover can lose without this).
+        assert node.execute_command("WAIT", 1, 5_000) == 1
+    redis_cluster.kill(owner)
+    await asyncio.to_thread(redis_cluster.wait_ok)
+    assert redis_cluster.master_of(store.keys.prefix).port != owner.port
+    # The same client: it re-reads the slot map and reaches the promoted replica.
+    await admit_after_failover_and_balance(store, now, SETTLE_S)
 
 
 async def test_the_control_channel_reaches_a_node_on_the_cluster(

@@ -25,9 +25,10 @@ from rutster.base.env_values import ConfigError
 from rutster.gateway.spend_settings import SpendSettings
 from rutster.spend.embedded_redis import redis_server_binary
 from rutster.spend.redis_url import RedisUrlError, SentinelTarget, parse_sentinel_url
-from rutster.spend.store import AdmitRequest, SpendStore, StoreUnavailable, redis_client
+from rutster.spend.store import SpendStore, redis_client
 from rutster.tools.launcher import LOOPBACK, free_port
 from tests.conftest import unique_prefix
+from tests.support.failover import admit_after_failover_and_balance, failover_request
 
 SERVICE = "rutster-test"
 #: Sentinel settings for a quick failover in a test (production keeps Redis' defaults).
@@ -100,17 +101,6 @@ def master_port(sentinel: int) -> int:
     return int(sentinel_says(sentinel, "get-master-addr-by-name")[1])
 
 
-def request(call_id: str, now_ms: int) -> AdmitRequest:
-    return AdmitRequest(
-        call_id=call_id,
-        tenant="acme",
-        now_ms=now_ms,
-        quantum=10_000,
-        provider="twilio",
-        direction="inbound",
-    )
-
-
 async def test_the_store_follows_the_master_through_a_failover(tmp_path: Path) -> None:
     with sentinel_setup(tmp_path) as (master_proc, _, replica, sentinel):
         # The Sentinel learns of the replica from the master: wait until it knows both.
@@ -122,7 +112,7 @@ async def test_the_store_follows_the_master_through_a_failover(tmp_path: Path) -
         store = SpendStore(client, unique_prefix())
         try:
             now = int(time.time() * 1000)
-            assert (await store.admit(request("call_before", now))).admitted
+            assert (await store.admit(failover_request("call_before", now))).admitted
             # On the replica before the master goes (replication is asynchronous:
             # docs/OPERATIONS.md says what a failover can lose without this).
             assert await client.execute_command("WAIT", 1, 5_000) == 1
@@ -133,21 +123,7 @@ async def test_the_store_follows_the_master_through_a_failover(tmp_path: Path) -
                 assert time.monotonic() < deadline, "no failover"
                 await asyncio.sleep(0.2)
             # The same client, reconnecting through the Sentinel to the promoted replica.
-            while True:
-                try:
-                    admitted = await store.admit(request("call_after", now + 1_000))
-                    break
-                except StoreUnavailable:
-                    assert time.monotonic() < deadline, "the store never reached the new master"
-                    await asyncio.sleep(0.2)
-            assert admitted.admitted
-            for call_id, actual in (("call_before", 4_000), ("call_after", 6_000)):
-                settled = await store.settle(call_id, 1, actual, now + 5_000, "caller_hangup")
-                assert settled.status == "settled", call_id
-            before = await store.get_call("call_before")
-            assert before is not None
-            raw = await client.hmget(store.keys.day("acme", before["day"]), ["spent", "reserved"])
-            assert (int(raw[0] or 0), int(raw[1] or 0)) == (10_000, 0)
+            await admit_after_failover_and_balance(store, now, FAILOVER_WAIT_S)
         finally:
             await client.aclose()
 
