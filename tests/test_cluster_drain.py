@@ -27,19 +27,25 @@ from tests.conftest import (
     unique_prefix,
 )
 from tests.echo_checks import assert_echo_intact
+from tests.realtime_echo import realtime_echo
 from tests.support.cluster import TENANT, cluster_env, record_when
 from tests.support.fake_twilio_rest import FakeTwilioRest
 
 #: Node A's drain deadline (RUTSTER_DRAIN_TIMEOUT_S).
 DRAIN_S = 3.0
-#: What ending the calls and stopping the process may add to it.
+#: What ending the calls may add to it.
 STOP_MARGIN_S = 4.0
+#: How long the drained process may take to exit once its last call ended (closing its
+#: clients, the interpreter's own shutdown): seconds on a 2-core machine running the rest
+#: of the suite beside it; what matters here is that it exits, and with 0.
+EXIT_WAIT_S = 15.0
 
 
 def url(node: Service) -> str:
     return f"http://{LOOPBACK}:{node.port}"
 
 
+@realtime_echo
 async def test_sigterm_drains_one_node_and_the_other_keeps_its_calls(
     echo_brain: EchoBrain, speech_pcm: bytes
 ) -> None:
@@ -81,7 +87,7 @@ async def test_sigterm_drains_one_node_and_the_other_keeps_its_calls(
             ended_in = time.monotonic() - stopped_at
             assert DRAIN_S - 0.5 <= ended_in <= DRAIN_S + STOP_MARGIN_S
             assert result_a.media_received > 0
-            exit_code = await asyncio.to_thread(a.proc.wait, STOP_MARGIN_S)
+            exit_code = await asyncio.to_thread(a.proc.wait, EXIT_WAIT_S)
             assert exit_code == 0
             ended = await record_when(store, on_a, "ended")
             assert ended["end_reason"] == "shutdown" and (ended["spent"] or 0) > 0

@@ -34,6 +34,7 @@ from rutster.tools.launcher import LOOPBACK, Service, gateway_process
 from rutster.tools.twilio_simulator import SimulatedCallResult, TwilioSimulator, new_sid
 from tests.conftest import TEST_ADMIN_KEY, suite_redis_url, tenant_key, unique_prefix
 from tests.echo_checks import assert_echo_intact
+from tests.realtime_echo import realtime_echo
 from tests.support.cluster import TENANT, cluster_env, record_when
 from tests.support.split_proxy import SplitProxy
 
@@ -109,6 +110,7 @@ async def nodes(echo_brain: EchoBrain) -> AsyncIterator[TwoNodes]:
             await client.aclose()
 
 
+@realtime_echo
 async def test_a_webhook_on_node_a_and_media_on_node_b_make_one_billed_call(
     nodes: TwoNodes, speech_pcm: bytes
 ) -> None:

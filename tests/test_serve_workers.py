@@ -21,6 +21,7 @@ from rutster.brains.echo import EchoBrain
 from rutster.tools.launcher import LOOPBACK, free_port, spawn
 from rutster.tools.twilio_simulator import TwilioSimulator
 from tests.echo_checks import assert_echo_intact
+from tests.realtime_echo import realtime_echo
 
 #: Fresh connections to /healthz until both workers have answered.
 MAX_PROBES = 400
@@ -55,6 +56,7 @@ def port_open(port: int) -> bool:
         return probe.connect_ex((LOOPBACK, port)) == 0
 
 
+@realtime_echo
 async def test_two_workers_share_the_port_the_redis_and_the_calls(
     echo_brain: EchoBrain, speech_pcm: bytes
 ) -> None:
