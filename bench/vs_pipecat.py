@@ -1,0 +1,353 @@
+"""rutster against Pipecat 1.14 on the same load, side by side in one run.
+
+``python -m bench.vs_pipecat --install-pipecat`` (first time: builds Pipecat's own
+virtualenv, ``bench/.pipecat-venv``, from PyPI), then ``python -m bench.vs_pipecat``.
+
+Each system in turn serves N simultaneous simulated Twilio calls, pinned to one core,
+while the load generator (this process, ``rutster.tools.twilio_simulator``: signed
+webhooks, real-time paced 20 ms μ-law frames of the recorded speech, marks echoed as
+Twilio does) and rutster's echo brain run on the other core:
+
+- **rutster**: ``rutster serve`` with default settings (the echo brain says it must not
+  be interrupted, so barge-in stays out of its way) and its echo brain;
+- **Pipecat 1.14**: ``bench/pipecat_twilio_echo.py``, Pipecat's Twilio agent
+  (FastAPI, ``TwilioFrameSerializer``, Silero VAD) echoing every caller frame.
+
+Calls start at 5 a second, and each level runs on a freshly started server (after two
+short warm-up calls), so no level inherits another's state. A call is **carried** when at
+least 95 % of its audio came back and the caller heard no gap longer than 60 ms (issue
+18's rule). Per level it prints: calls carried; the server's CPU (% of its core, while
+every call of the level runs) and that divided by the calls; the server's RSS growth over
+its idle RSS divided by the calls; and the echo lag the callers heard (each call's median
+lag over 2 s segments of its speech; P50 and P99 over the calls of the level). The last
+lines give each system's largest level with every call carried (and every smaller level
+too), and their ratio: calls per core, since each server has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from rutster.tools.launcher import LOOPBACK, echo_brain_process, free_port, gateway_process
+from rutster.tools.twilio_simulator import (
+    SimulatedCallResult,
+    TwilioSimulator,
+    best_lag_correlation,
+    read_wav_8k,
+)
+
+BENCH = Path(__file__).resolve().parent
+SPEECH_WAV = BENCH.parent / "tests/fixtures/audio/caller_speech_8k.wav"
+#: Pipecat's agent script, run by Pipecat's own interpreter.
+PIPECAT_AGENT = BENCH / "pipecat_twilio_echo.py"
+#: Where --install-pipecat builds Pipecat's virtualenv (ignored by git).
+DEFAULT_PIPECAT_VENV = BENCH / ".pipecat-venv"
+#: The peer, as issue 18 names it: Pipecat 1.14 with Silero VAD and its WebSocket transport.
+PIPECAT_REQUIREMENTS = (
+    "pipecat-ai[silero,websocket]==1.14.0",
+    "fastapi>=0.115",
+    "uvicorn>=0.30",
+)
+#: Issue 18's carried rule: this share of the audio back, no heard gap longer than this.
+CARRIED_AUDIO_SHARE = 0.95
+MAX_GAP_MS = 60.0
+#: A gap within one frame of a moment the simulator ran late is the simulator's.
+STALL_SLACK_MS = 20.0
+#: Echo lag per call: the median over segments of this length (a lag per segment,
+#: so that one frame dropped mid-call moves one segment, not the whole call's figure).
+LAG_SEGMENT_S = 2.0
+#: Longest echo lag looked for (s).
+MAX_LAG_S = 1.0
+#: How long a server may take to answer its first request.
+START_S = 60.0
+#: Calls started per second. Seed decision: a steady arrival rate, so that what is
+#: measured is the calls carried, not a burst of simultaneous starts (each Pipecat call
+#: loads its own Silero model when it starts).
+START_RATE_PER_S = 5.0
+#: Warm-up before each level, not reported: first-use costs on both sides of the wire.
+WARMUP_CALLS = 2
+WARMUP_S = 3.0
+RATE = 8_000
+
+
+@dataclass
+class LevelResult:
+    """One system at one level of simultaneous calls."""
+
+    system: str
+    calls: int
+    carried: int
+    cpu_pct: float
+    rss_growth_mib: float
+    lags_ms: list[float]
+
+    @property
+    def all_carried(self) -> bool:
+        return self.carried == self.calls
+
+    def row(self) -> str:
+        lags = self.lags_ms
+        p50 = f"{np.percentile(lags, 50):.0f}" if lags else "-"
+        p99 = f"{np.percentile(lags, 99):.0f}" if lags else "-"
+        per_call_cpu = self.cpu_pct / self.calls
+        per_call_kib = self.rss_growth_mib * 1024 / self.calls
+        return (
+            f"{self.system:14} {self.calls:>5} {self.carried:>4}/{self.calls:<4} "
+            f"{self.cpu_pct:>6.0f}% {per_call_cpu:>8.2f}% {per_call_kib:>9.0f} "
+            f"{p50:>7} {p99:>7}"
+        )
+
+
+def server_gaps(result: SimulatedCallResult) -> list[float]:
+    """The lengths of the gaps the caller heard that were the server's: a gap that
+    touches a moment the simulator itself ran late (its own process descheduled, as
+    Twilio's never is) is the load generator's, not the server's."""
+
+    def simulator_late(at: float, length: float) -> bool:
+        return any(
+            s_at - late - STALL_SLACK_MS <= at + length and at <= s_at + STALL_SLACK_MS
+            for s_at, late in result.harness_stalls
+        )
+
+    return [length for at, length in result.gaps if not simulator_late(at, length)]
+
+
+def carried(result: SimulatedCallResult, sent_ms: float) -> bool:
+    """Issue 18's rule: ≥ 95 % of the audio back and no heard gap over 60 ms."""
+    longest_gap = max(server_gaps(result), default=0.0)
+    return result.audio_ms_received >= CARRIED_AUDIO_SHARE * sent_ms and longest_gap <= MAX_GAP_MS
+
+
+def echo_lag_ms(sent: bytes, result: SimulatedCallResult) -> float | None:
+    """The call's echo lag as heard: the median of its segments' best lags (ms)."""
+    heard = result.heard_pcm
+    seg = int(LAG_SEGMENT_S * RATE) * 2
+    max_lag = int(MAX_LAG_S * RATE)
+    lags = []
+    for start in range(0, len(sent) - seg + 1, seg):
+        part = sent[start : start + seg]
+        if np.abs(np.frombuffer(part, np.int16)).mean() < 100:  # a quiet segment: no lag
+            continue
+        corr, lag = best_lag_correlation(
+            part, heard[start : start + seg + 2 * max_lag], max_lag_samples=max_lag
+        )
+        if corr >= 0.5:
+            lags.append(lag / RATE * 1000)
+    return statistics.median(lags) if lags else None
+
+
+def install_pipecat(venv: Path) -> None:
+    """Build Pipecat's virtualenv at ``venv`` from PyPI."""
+    print(f"installing {', '.join(PIPECAT_REQUIREMENTS)} into {venv}")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin/python"), "-m", "pip", "install", "-q", *PIPECAT_REQUIREMENTS],
+        check=True,
+    )
+
+
+def wait_answering(url: str, proc: subprocess.Popen[bytes]) -> None:
+    """Until ``url`` answers any HTTP request (the server is up)."""
+    import httpx
+
+    deadline = time.monotonic() + START_S
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} before answering")
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.get(url, timeout=1.0)
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not answer within {START_S:.0f} s")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def pipecat_server(venv: Path) -> Iterator[tuple[str, psutil.Process]]:
+    """Pipecat's agent on a free loopback port: (its URL, its process)."""
+    python = venv / "bin/python"
+    if not python.exists():
+        raise SystemExit(f"no Pipecat virtualenv at {venv}: run with --install-pipecat first")
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(python), str(PIPECAT_AGENT), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://{LOOPBACK}:{port}"
+        wait_answering(url, proc)
+        yield url, psutil.Process(proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def rutster_server(token: str, load_cores: list[int]) -> Iterator[tuple[str, psutil.Process]]:
+    """``rutster serve`` (default settings) and its echo brain: (its URL, the gateway)."""
+    with echo_brain_process() as brain:
+        psutil.Process(brain.proc.pid).cpu_affinity(load_cores)
+        env = {
+            "RUTSTER_TAP_URL": f"ws://{LOOPBACK}:{brain.port}/echo",
+            # The load, not a tenant's cap, is what is measured.
+            "RUTSTER_DEFAULT_MAX_CONCURRENT": "0",
+            "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
+            "TWILIO_AUTH_TOKEN": token,
+            "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
+        }
+        with gateway_process(env) as gateway:
+            yield f"http://{LOOPBACK}:{gateway.port}", psutil.Process(gateway.proc.pid)
+
+
+def rss_mib(server: psutil.Process) -> float:
+    """The server process's resident memory (rutster's embedded Redis, a process of
+    its own, is the spend store, not per-call state: it is not counted)."""
+    return float(server.memory_info().rss) / 2**20
+
+
+async def place_calls(sims: list[TwilioSimulator], pcm: bytes) -> list[SimulatedCallResult]:
+    """One call of ``pcm`` per simulator, started at START_RATE_PER_S; a call that
+    fails is left out (the level counts it as not carried)."""
+
+    async def one(i: int) -> SimulatedCallResult | None:
+        await asyncio.sleep(i / START_RATE_PER_S)
+        try:
+            return await sims[i].place_call(pcm, tail_s=1.0)
+        except Exception as exc:
+            print(f"    call {i} failed: {type(exc).__name__}: {exc}")
+            return None
+
+    results = await asyncio.gather(*(one(i) for i in range(len(sims))))
+    return [r for r in results if r is not None]
+
+
+async def run_level(
+    system: str, url: str, token: str, calls: int, pcm: bytes, server: psutil.Process
+) -> LevelResult:
+    """N calls of ``pcm``; CPU and RSS taken while all N run (after the last start)."""
+    sims = [TwilioSimulator(url, auth_token=token) for _ in range(calls)]
+    idle = rss_mib(server)
+    seconds = len(pcm) / 2 / RATE
+    ramp_s = (calls - 1) / START_RATE_PER_S
+    gc.collect()
+    gc.disable()  # the load generator must not be the one that is late
+    task = asyncio.ensure_future(place_calls(sims, pcm))
+    await asyncio.sleep(ramp_s + 0.5)
+    server.cpu_percent(None)
+    await asyncio.sleep(max(1.0, seconds - ramp_s - 1.5))
+    cpu = server.cpu_percent(None)
+    rss = rss_mib(server)
+    results = await task
+    gc.enable()
+    sent_ms = seconds * 1000
+    lags = [lag for r in results if (lag := echo_lag_ms(pcm, r)) is not None]
+    return LevelResult(
+        system=system,
+        calls=calls,
+        carried=sum(carried(r, sent_ms) for r in results),
+        cpu_pct=cpu,
+        rss_growth_mib=max(0.0, rss - idle),
+        lags_ms=lags,
+    )
+
+
+def largest_carried(rows: list[LevelResult]) -> int:
+    """The largest level that carried every call, as did every smaller level run (0 if
+    none): a level that failed below a passing one (a start-up burst, a slow moment of
+    the VM) does not let a luckier larger one count."""
+    best = 0
+    for row in sorted(rows, key=lambda r: r.calls):
+        if not row.all_carried:
+            break
+        best = row.calls
+    return best
+
+
+async def bench(levels: list[int], seconds: float, venv: Path, systems: list[str]) -> None:
+    pcm = read_wav_8k(SPEECH_WAV)[: int(seconds * RATE) * 2]
+    token = secrets.token_urlsafe(16)
+    cores = sorted(os.sched_getaffinity(0))
+    server_core = [cores[0]]
+    load_cores = cores[1:] or server_core
+    os.sched_setaffinity(0, load_cores)
+    print(
+        f"server on core {server_core}, load generator (and rutster's echo brain) on "
+        f"{load_cores}; {seconds:.0f} s of recorded speech per call, {START_RATE_PER_S:.0f} "
+        "calls started a second; a fresh server for each level"
+    )
+    print(
+        f"{'system':14} {'calls':>5} {'carried':>9} {'CPU':>7} {'CPU/call':>9} "
+        f"{'KiB/call':>9} {'lag P50':>7} {'lag P99':>7}"
+    )
+    results: dict[str, list[LevelResult]] = {}
+    for system in systems:
+        label = "rutster" if system == "rutster" else "Pipecat 1.14"
+        rows = results.setdefault(system, [])
+        for calls in levels:
+            # A fresh server for each level: nothing one level did carries into the next.
+            servers = (
+                rutster_server(token, load_cores) if system == "rutster" else pipecat_server(venv)
+            )
+            with servers as (url, server):
+                server.cpu_affinity(server_core)
+                warmup = pcm[: int(WARMUP_S * RATE) * 2]
+                await run_level(label, url, token, WARMUP_CALLS, warmup, server)
+                row = await run_level(label, url, token, calls, pcm, server)
+            print(row.row(), flush=True)
+            rows.append(row)
+    print(
+        "carried: ≥ 95 % of the audio back and no heard gap over 60 ms; CPU: the server's, "
+        "% of its one core while all the level's calls run; KiB/call: its RSS growth over "
+        "idle / calls; lag: each call's median echo lag as heard, P50/P99 over the calls"
+    )
+    carried_at = {system: largest_carried(rows) for system, rows in results.items()}
+    for system, n in carried_at.items():
+        print(f"{system}: every call carried up to {n} calls on one core")
+    if carried_at.get("pipecat") and "rutster" in carried_at:
+        ratio = carried_at["rutster"] / carried_at["pipecat"]
+        print(f"ratio rutster / Pipecat: {ratio:.2f}x the calls per core (issue 18 goal: 7.5x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--levels", default="10,20,30,40")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--pipecat-venv", type=Path, default=DEFAULT_PIPECAT_VENV)
+    parser.add_argument(
+        "--install-pipecat", action="store_true", help="build Pipecat's virtualenv first"
+    )
+    parser.add_argument("--systems", default="rutster,pipecat")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",") if x]
+    systems = [s for s in args.systems.split(",") if s]
+    if not levels or min(levels) < 1 or not set(systems) <= {"rutster", "pipecat"}:
+        parser.error("--levels are positive numbers; --systems is rutster and/or pipecat")
+    if (max(levels) - 1) / START_RATE_PER_S + 3.0 > args.seconds:
+        parser.error("--seconds must leave time with every call running after the last start")
+    if args.install_pipecat:
+        install_pipecat(args.pipecat_venv)
+    asyncio.run(bench(levels, args.seconds, args.pipecat_venv, systems))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""bench/vs_pipecat.py's judging: what counts as a carried call, whose gap a gap is, the
+echo lag a caller heard, and the largest level both systems are credited with. (The
+benchmark itself needs Pipecat's own virtualenv and minutes of load: run by hand.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.vs_pipecat import (
+    LevelResult,
+    carried,
+    echo_lag_ms,
+    largest_carried,
+    server_gaps,
+)
+from rutster.tools.twilio_simulator import SimulatedCallResult
+
+RATE = 8_000
+
+
+Spans = list[tuple[float, float]]
+
+
+def call(audio_ms: float, gaps: Spans, stalls: Spans | None = None) -> SimulatedCallResult:
+    return SimulatedCallResult(
+        call_sid="CA1",
+        stream_sid="MZ1",
+        audio_ms_received=audio_ms,
+        gaps=list(gaps),
+        harness_stalls=list(stalls or []),
+    )
+
+
+@pytest.mark.parametrize(
+    ("audio_ms", "gaps", "stalls", "expected"),
+    [
+        (20_000, [], [], True),
+        (19_000, [(500.0, 60.0)], [], True),  # exactly 95 % back, a 60 ms gap
+        (18_999, [], [], False),  # less than 95 % back
+        (20_000, [(500.0, 61.0)], [], False),  # a gap over 60 ms
+        # The same gap while the simulator itself ran 90 ms late: its gap, not the server's.
+        (20_000, [(500.0, 95.0)], [(560.0, 90.0)], True),
+        (20_000, [(500.0, 95.0)], [(2_000.0, 90.0)], False),  # a stall elsewhere does not excuse it
+    ],
+)
+def test_a_call_is_carried_by_issue_18s_rule(
+    audio_ms: float, gaps: Spans, stalls: Spans, expected: bool
+) -> None:
+    assert carried(call(audio_ms, gaps, stalls), 20_000.0) is expected
+
+
+def test_only_the_servers_gaps_count() -> None:
+    result = call(20_000, [(100.0, 30.0), (500.0, 95.0)], [(560.0, 90.0)])
+    assert server_gaps(result) == [30.0]
+
+
+def test_the_echo_lag_is_what_the_caller_heard() -> None:
+    rng = np.random.default_rng(7)
+    sent = (rng.standard_normal(RATE * 6) * 3_000).astype(np.int16)
+    lag = int(0.112 * RATE)  # 112 ms
+    heard = np.concatenate([np.zeros(lag, np.int16), sent])
+    result = SimulatedCallResult(call_sid="CA1", stream_sid="MZ1", heard_pcm=heard.tobytes())
+    assert echo_lag_ms(sent.tobytes(), result) == pytest.approx(112.0, abs=0.2)
+    silence = SimulatedCallResult(call_sid="CA1", stream_sid="MZ1", heard_pcm=bytes(len(heard) * 2))
+    assert echo_lag_ms(sent.tobytes(), silence) is None  # nothing came back: no lag to report
+
+
+def level(calls: int, carried_calls: int) -> LevelResult:
+    return LevelResult("x", calls, carried_calls, 50.0, 1.0, [])
+
+
+def test_a_level_counts_only_when_every_smaller_level_carried_too() -> None:
+    assert largest_carried([level(10, 10), level(20, 20), level(30, 29)]) == 20
+    # A failure at 15 is not made up for by a luckier 20.
+    assert largest_carried([level(10, 10), level(15, 5), level(20, 20)]) == 10
+    assert largest_carried([level(10, 9)]) == 0
