@@ -39,13 +39,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import psutil
 
-from bench.concurrent_calls import RAMP_S, SPEECH_WAV, histogram_p99_ms, ramped_calls, scrape
+from bench.concurrent_calls import (
+    RAMP_S,
+    SPEECH_WAV,
+    histogram_p99_ms,
+    pooled_jitter_p99_ms,
+    ramped_calls,
+    scrape,
+)
 from rutster.spend.embedded_redis import EmbeddedRedis
 from rutster.tools.launcher import LOOPBACK, Service, echo_brain_process, gateway_process
-from rutster.tools.twilio_simulator import SimulatedCallResult, TwilioSimulator, read_wav_8k
+from rutster.tools.twilio_simulator import TwilioSimulator, read_wav_8k
 
 #: Pacing goal of the foundation issue: p99 outbound pacing jitter ≤ 10 ms.
 JITTER_GOAL_MS = 10.0
@@ -81,17 +87,6 @@ def summed(samples: list[dict[str, float]]) -> dict[str, float]:
         for key, value in sample.items():
             total[key] = total.get(key, 0.0) + value
     return total
-
-
-def pooled_jitter_p99_ms(results: list[SimulatedCallResult]) -> float:
-    """p99 of |inter-arrival - audio duration| over every media message of every call."""
-    deviations = []
-    for result in results:
-        if len(result.arrivals) >= 3:
-            times = np.array([t for t, _ in result.arrivals])
-            durations = np.array([d for _, d in result.arrivals])
-            deviations.append(np.abs(np.diff(times) - durations[:-1]))
-    return float(np.percentile(np.concatenate(deviations), 99)) if deviations else 0.0
 
 
 async def run_level(
@@ -193,7 +188,8 @@ async def bench(levels: list[int], seconds: float) -> None:
                     await asyncio.sleep(1.0)
     print(
         "\ncalls: offered; done: completed; underruns: playout underruns, all nodes; "
-        "pacer p99: one p99 over every pacer tick of every node; caller p99: one p99 of "
+        "pacer p99: one p99 over every pacer tick of every node (interpolated in its "
+        "histogram bucket); caller p99: one p99 of "
         "|inter-arrival - duration| over every media message of every call; "
         f"carried: done == calls, 0 underruns, pacer p99 <= {JITTER_GOAL_MS:.0f} ms; "
         "load CPU: this load generator and the echo brain (100 % = one core)"

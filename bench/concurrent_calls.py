@@ -23,11 +23,11 @@ import asyncio
 import gc
 import os
 import secrets
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -76,7 +76,9 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def histogram_p99_ms(before: dict[str, float], after: dict[str, float]) -> float:
-    """p99 of the pacer-lateness histogram over the interval, in ms (bucket upper bound)."""
+    """p99 of the pacer-lateness histogram over the interval, in ms: interpolated linearly
+    inside the bucket that holds it, as Prometheus' ``histogram_quantile`` does (the
+    bucket's upper bound alone would overstate it by up to the bucket's width)."""
     prefix = "rutster_pacer_lateness_seconds_bucket|"
     buckets = sorted(
         (float(k.split("|")[1]), after[k] - before.get(k, 0.0))
@@ -86,10 +88,27 @@ def histogram_p99_ms(before: dict[str, float], after: dict[str, float]) -> float
     total = buckets[-1][1] if buckets else 0.0
     if total <= 0:
         return 0.0
+    rank = 0.99 * total
+    lower_bound, lower_count = 0.0, 0.0
     for bound, count in buckets:
-        if count >= 0.99 * total:
-            return bound * 1000.0
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound * 1000.0  # beyond the last finite bucket: its bound
+            share = (rank - lower_count) / (count - lower_count) if count > lower_count else 1.0
+            return (lower_bound + (bound - lower_bound) * share) * 1000.0
+        lower_bound, lower_count = bound, count
     return float("inf")
+
+
+def pooled_jitter_p99_ms(results: list[SimulatedCallResult]) -> float:
+    """p99 of |inter-arrival - audio duration| over every media message of every call."""
+    deviations = []
+    for result in results:
+        if len(result.arrivals) >= 3:
+            times = np.array([t for t, _ in result.arrivals])
+            durations = np.array([d for _, d in result.arrivals])
+            deviations.append(np.abs(np.diff(times) - durations[:-1]))
+    return float(np.percentile(np.concatenate(deviations), 99)) if deviations else 0.0
 
 
 def ramped_calls(
@@ -134,7 +153,6 @@ async def run_level(
     results = [r for r in await task if r is not None]
     gc.enable()
     after = scrape(url)
-    jitters = [r.inter_arrival_jitter_ms(99.0) for r in results]
     return LevelResult(
         calls=calls,
         completed=len(results),
@@ -142,7 +160,7 @@ async def run_level(
         - before.get("rutster_playout_underruns_total", 0.0),
         pacer_p99_ms=histogram_p99_ms(before, after),
         caller_gaps=sum(r.heard_gaps for r in results),
-        caller_jitter_p99_ms=max(jitters) if jitters else 0.0,
+        caller_jitter_p99_ms=pooled_jitter_p99_ms(results),
         gateway_cpu_pct=cpu,
         load_cpu_pct=load_cpu,
         rss_mib=rss,
@@ -202,10 +220,11 @@ async def bench(levels: list[int], seconds: float, vad: str) -> None:
             passing = [r.calls for r in rows if r.passed]
             print(f"largest passing level: {max(passing) if passing else 0} calls (goal ≥ 150)")
             if len(rows) >= 2:
-                per_call = [(r.rss_mib - idle_rss) / r.calls * 1024 for r in rows if r.calls >= 10]
+                # A growth rate: the least-squares slope of RSS over the levels' calls.
+                slope = float(np.polyfit([r.calls for r in rows], [r.rss_mib for r in rows], 1)[0])
                 print(
-                    f"RSS growth per added call: {statistics.median(per_call):.0f} KiB "
-                    f"(median over levels; goal ≤ 1024 KiB)"
+                    f"RSS growth per added call: {slope * 1024:.0f} KiB "
+                    f"(slope of the gateway's RSS over the levels; goal ≤ 1024 KiB)"
                 )
 
 
