@@ -75,7 +75,6 @@ from rutster.trunk.plivo.call_control import (
     PLIVO_API_BASE_URL,
     PlivoCallControl,
     PlivoCallControlError,
-    is_transfer_destination,
 )
 from rutster.trunk.plivo.codec import (
     PARAM_DIRECTION,
@@ -87,6 +86,7 @@ from rutster.trunk.plivo.codec import (
 )
 from rutster.trunk.plivo.signature import NONCE_HEADER, SIGNATURE_HEADER, PlivoSignatureV3
 from rutster.trunk.plivo.xml import dial_xml, hangup_xml, speak_hangup_xml, stream_xml
+from rutster.trunk.rest_call_control import callable_destination
 from rutster.trunk.xml_documents import xml_can_carry
 
 log = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ async def plivo_transfer(request: Request) -> Response:
         return refused
     destination = request.query_params.get("to", "")
     allowed = state.config.transfer_allowlist.allows(destination)
-    if not (allowed and is_transfer_destination(destination)):
+    if not (allowed and callable_destination(destination)):
         state.metrics.bad_messages.labels(SOURCE_WEBHOOK, "transfer_not_allowed").inc()
         return PlainTextResponse("that destination is not on the transfer allowlist", 403)
     return Response(dial_xml(destination), media_type="text/xml")

@@ -34,12 +34,17 @@ from rutster.protocols.call_control import (
     CHANNEL_TRANSFERRING,
     RestCallControlError,
 )
+from rutster.trunk.rest_call_control import (
+    E164,
+    callable_destination,
+    checked_response,
+    webhook_url_ok,
+)
 
 __all__ = [
     "PLIVO_API_BASE_URL",
     "PlivoCallControl",
     "PlivoCallControlError",
-    "is_transfer_destination",
 ]
 
 #: Plivo's API host (plivo-python ``PLIVO_API``, ``API_VOICE``).
@@ -49,19 +54,7 @@ DEFAULT_TIMEOUT_S = 5.0
 #: A Plivo ``CallUUID`` (a UUID) or account ``auth_id`` (``MA``/``SA`` + 18 characters):
 #: checked before any request so nothing else reaches the URL path.
 ID_PATTERN = re.compile(r"[A-Za-z0-9\-]{1,64}")
-#: E.164 (ITU-T E.164 §6) and a SIP URI (RFC 3261 §19.1) of characters a URI carries
-#: unescaped: what a call's ``to``/``from`` and a transfer's destination may be.
-_E164 = re.compile(r"\+[1-9][0-9]{1,14}")
-_SIP_URI = re.compile(r"sips?:[A-Za-z0-9\-_.!~*'()%&=+$,;?/:@\[\]]{1,256}")
-#: Longest URL sent (seed decision, as Twilio's ``MAX_URL_CHARS``).
-MAX_URL_CHARS = 2048
-_AUTH_FAILED_STATUSES = frozenset({401, 403})
 _HTTP_NOT_FOUND = 404
-
-
-def is_transfer_destination(destination: str) -> bool:
-    """Whether ``destination`` is an E.164 number or a SIP URI."""
-    return bool(_E164.fullmatch(destination) or _SIP_URI.fullmatch(destination))
 
 
 class PlivoCallControlError(RestCallControlError):
@@ -107,9 +100,9 @@ class PlivoCallControl:
     async def create_call(self, *, to: str, from_: str, answer_url: str) -> str:
         """Place a call; Plivo POSTs ``answer_url`` once it is answered. Returns the
         request's ``request_uuid``."""
-        if not _E164.fullmatch(to) or not _E164.fullmatch(from_):
+        if not E164.fullmatch(to) or not E164.fullmatch(from_):
             raise PlivoCallControlError("bad_request", "to and from must be E.164 numbers")
-        if not answer_url.startswith(("https://", "http://")) or len(answer_url) > MAX_URL_CHARS:
+        if not webhook_url_ok(answer_url):
             raise PlivoCallControlError("bad_request", "the answer URL is not http(s)")
         body = {"from": from_, "to": to, "answer_url": answer_url, "answer_method": "POST"}
         response = await self._request("POST", "/Call/", body, "dial")
@@ -141,7 +134,7 @@ class PlivoCallControl:
             raise PlivoCallControlError("not_supported", "transfer needs the gateway's URL")
         if not ID_PATTERN.fullmatch(call_id):
             raise PlivoCallControlError("bad_call_id", "malformed CallUUID")
-        if not is_transfer_destination(destination):
+        if not callable_destination(destination):
             raise PlivoCallControlError(
                 "bad_destination", "the destination is neither E.164 nor a SIP URI"
             )
@@ -154,22 +147,10 @@ class PlivoCallControl:
     ) -> httpx.Response:
         if self._closed:
             raise PlivoCallControlError("closed", "the client was closed")
-        try:
-            response = await self._client.request(method, self._account + path, json=body)
-        except httpx.TimeoutException:
-            raise PlivoCallControlError("timeout", f"{what} timed out") from None
-        except httpx.HTTPError as exc:
-            failed = f"{what} failed: {type(exc).__name__}"
-            raise PlivoCallControlError("network", failed) from None
-        status = response.status_code
-        if 200 <= status < 300:
-            return response
-        if status in _AUTH_FAILED_STATUSES:
-            raise PlivoCallControlError(
-                "auth_failed", "Plivo refused the credentials", status_code=status
-            )
-        if status == _HTTP_NOT_FOUND and what != "dial":
-            raise PlivoCallControlError("already_ended", "the call is over", status_code=status)
-        raise PlivoCallControlError(
-            "http_error", f"{what} answered HTTP {status}", status_code=status
+        return await checked_response(
+            self._client.request(method, self._account + path, json=body),
+            what,
+            PlivoCallControlError,
+            credentials_refused="Plivo refused the credentials",
+            call_over=lambda response: what != "dial" and response.status_code == _HTTP_NOT_FOUND,
         )

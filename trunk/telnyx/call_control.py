@@ -35,6 +35,12 @@ from rutster.protocols.call_control import (
     CHANNEL_TRANSFERRING,
     RestCallControlError,
 )
+from rutster.trunk.rest_call_control import (
+    E164,
+    callable_destination,
+    checked_response,
+    webhook_url_ok,
+)
 
 __all__ = [
     "TELNYX_API_BASE_URL",
@@ -51,16 +57,8 @@ DEFAULT_TIMEOUT_S = 5.0
 #: A ``call_control_id`` as Telnyx issues them (``v3:`` and URL-safe characters, §2.3
 #: example); checked before any request, so nothing else reaches the URL path.
 CALL_CONTROL_ID_PATTERN = re.compile(r"[A-Za-z0-9:_\-]{1,128}")
-#: Transfer destinations: E.164 (ITU-T E.164 §6) or a SIP URI (RFC 3261 §19.1) of
-#: characters a URI carries unescaped; the transfer allowlist has already passed it.
-_E164 = re.compile(r"\+[1-9][0-9]{1,14}")
-_SIP_URI = re.compile(r"sips?:[A-Za-z0-9\-_.!~*'()%&=+$,;?/:@\[\]]{1,256}")
-#: Longest answer URL sent. Seed decision (as Twilio's ``MAX_URL_CHARS``): the practical
-#: URL length limit of common HTTP stacks; ours are a host, a path and a call id.
-MAX_URL_CHARS = 2048
 #: Telnyx error code of a command on a call that has already ended (§2.1).
 CODE_ALREADY_ENDED = "90018"
-_AUTH_FAILED_STATUSES = frozenset({401, 403})
 _HTTP_NOT_FOUND = 404
 _HTTP_UNPROCESSABLE = 422
 
@@ -110,7 +108,7 @@ class TelnyxCallControl:
 
     async def transfer(self, call_id: str, destination: str) -> str:
         """Connect the caller to ``destination`` (E.164 or SIP URI); ``transferring``."""
-        if not (_E164.fullmatch(destination) or _SIP_URI.fullmatch(destination)):
+        if not callable_destination(destination):
             raise TelnyxCallControlError(
                 "bad_destination", "the destination is neither E.164 nor a SIP URI"
             )
@@ -122,9 +120,9 @@ class TelnyxCallControl:
         ``url`` (POST) once it is answered. Returns the call's ``call_control_id``."""
         if not CALL_CONTROL_ID_PATTERN.fullmatch(connection_id):
             raise TelnyxCallControlError("bad_config", "malformed TeXML connection id")
-        if not _E164.fullmatch(to) or not _E164.fullmatch(from_):
+        if not E164.fullmatch(to) or not E164.fullmatch(from_):
             raise TelnyxCallControlError("bad_request", "to and from must be E.164 numbers")
-        if not url.startswith(("https://", "http://")) or len(url) > MAX_URL_CHARS:
+        if not webhook_url_ok(url):
             raise TelnyxCallControlError("bad_request", "the answer URL is not http(s)")
         body = {"From": from_, "To": to, "Url": url, "Method": "POST"}
         response = await self._post(f"/texml/calls/{quote(connection_id, safe='')}", body, "dial")
@@ -150,31 +148,20 @@ class TelnyxCallControl:
     async def _post(self, path: str, payload: dict[str, str], what: str) -> httpx.Response:
         if self._closed:
             raise TelnyxCallControlError("closed", "the client was closed")
-        try:
-            response = await self._client.post(self._base + path, json=payload)
-        except httpx.TimeoutException:
-            raise TelnyxCallControlError("timeout", f"{what} timed out") from None
-        except httpx.HTTPError as exc:
-            raise TelnyxCallControlError(
-                "network", f"{what} failed: {type(exc).__name__}"
-            ) from None
-        status = response.status_code
-        if 200 <= status < 300:
-            return response
-        if status in _AUTH_FAILED_STATUSES:
-            raise TelnyxCallControlError(
-                "auth_failed", "Telnyx refused the API key", status_code=status
-            )
-        if what != "dial" and (
-            status == _HTTP_NOT_FOUND
-            or (status == _HTTP_UNPROCESSABLE and CODE_ALREADY_ENDED in _error_codes(response))
-        ):
-            raise TelnyxCallControlError(
-                "already_ended", "the call has already ended", status_code=status
-            )
-        raise TelnyxCallControlError(
-            "http_error", f"{what} answered HTTP {status}", status_code=status
+        return await checked_response(
+            self._client.post(self._base + path, json=payload),
+            what,
+            TelnyxCallControlError,
+            credentials_refused="Telnyx refused the API key",
+            call_over=lambda response: what != "dial" and _call_over(response),
         )
+
+
+def _call_over(response: httpx.Response) -> bool:
+    """Telnyx's signs that a command's call is gone: 404, or 422 with code 90018 (§2.1)."""
+    return response.status_code == _HTTP_NOT_FOUND or (
+        response.status_code == _HTTP_UNPROCESSABLE and CODE_ALREADY_ENDED in _error_codes(response)
+    )
 
 
 def _error_codes(response: httpx.Response) -> set[str]:

@@ -33,6 +33,7 @@ from rutster.protocols.call_control import (
     CHANNEL_TRANSFERRING,
     RestCallControlError,
 )
+from rutster.trunk.rest_call_control import E164, SIP_URI, checked_response, webhook_url_ok
 
 __all__ = ["VONAGE_API_BASE_URL", "VonageCallControl", "VonageCallControlError"]
 
@@ -45,14 +46,6 @@ DEFAULT_TIMEOUT_S = 5.0
 TOKEN_TTL_S = 60
 #: A call ``uuid`` (a UUID) or application id: checked before any request.
 ID_PATTERN = re.compile(r"[A-Za-z0-9\-]{1,64}")
-#: E.164 (ITU-T E.164 §6): what the REST API's ``to`` and ``from`` are.
-_E164 = re.compile(r"\+[1-9][0-9]{1,14}")
-#: A SIP URI (RFC 3261 §19.1) of characters a URI carries unescaped (the transfer
-#: allowlist has already passed it).
-_SIP_URI = re.compile(r"sips?:[A-Za-z0-9\-_.!~*'()%&=+$,;?/:@\[\]]{1,256}")
-#: Longest webhook URL sent (seed decision, as Twilio's ``MAX_URL_CHARS``).
-MAX_URL_CHARS = 2048
-_AUTH_FAILED_STATUSES = frozenset({401, 403})
 #: Vonage's answer for a call that is over (no such live call) or gone.
 _ENDED_STATUSES = frozenset({400, 404})
 
@@ -107,10 +100,10 @@ class VonageCallControl:
     async def create_call(self, *, to: str, from_: str, answer_url: str, event_url: str) -> str:
         """Place a call from ``from_`` to ``to`` (E.164); Vonage fetches ``answer_url``
         (GET) once it is answered. Returns the call's ``uuid``."""
-        if not _E164.fullmatch(to) or not _E164.fullmatch(from_):
+        if not E164.fullmatch(to) or not E164.fullmatch(from_):
             raise VonageCallControlError("bad_request", "to and from must be E.164 numbers")
         for url in (answer_url, event_url):
-            if not url.startswith(("https://", "http://")) or len(url) > MAX_URL_CHARS:
+            if not webhook_url_ok(url):
                 raise VonageCallControlError("bad_request", "the webhook URLs must be http(s)")
         body: dict[str, object] = {
             "to": [{"type": "phone", "number": to.removeprefix("+")}],
@@ -147,27 +140,16 @@ class VonageCallControl:
             token = self.token(time.time())
         except (ValueError, TypeError, jwt.PyJWTError):
             raise VonageCallControlError("bad_config", "the private key cannot sign") from None
-        try:
-            response = await self._client.request(
+        return await checked_response(
+            self._client.request(
                 method, self._base + path, json=body, headers={"Authorization": f"Bearer {token}"}
-            )
-        except httpx.TimeoutException:
-            raise VonageCallControlError("timeout", f"{what} timed out") from None
-        except httpx.HTTPError as exc:
-            raise VonageCallControlError(
-                "network", f"{what} failed: {type(exc).__name__}"
-            ) from None
-        status = response.status_code
-        if 200 <= status < 300:
-            return response
-        if status in _AUTH_FAILED_STATUSES:
-            raise VonageCallControlError(
-                "auth_failed", "Vonage refused the application token", status_code=status
-            )
-        if status in _ENDED_STATUSES and what == "hang-up":
-            raise VonageCallControlError("already_ended", "the call is over", status_code=status)
-        raise VonageCallControlError(
-            "http_error", f"{what} answered HTTP {status}", status_code=status
+            ),
+            what,
+            VonageCallControlError,
+            credentials_refused="Vonage refused the application token",
+            call_over=lambda response: (
+                what == "hang-up" and response.status_code in _ENDED_STATUSES
+            ),
         )
 
     def remember_number(self, call_id: str, own_number: str) -> None:
@@ -184,9 +166,9 @@ class VonageCallControl:
         call's number of ours as the caller ID when known; ``transferring``."""
         if not ID_PATTERN.fullmatch(call_id):
             raise VonageCallControlError("bad_call_id", "malformed call uuid")
-        if _E164.fullmatch(destination):
+        if E164.fullmatch(destination):
             endpoint: dict[str, str] = {"type": "phone", "number": destination.removeprefix("+")}
-        elif _SIP_URI.fullmatch(destination):
+        elif SIP_URI.fullmatch(destination):
             endpoint = {"type": "sip", "uri": destination}
         else:
             raise VonageCallControlError(
