@@ -11,8 +11,15 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 
-__all__ = ["XML_DECLARATION", "checked_text", "xml_can_carry", "xml_document"]
+__all__ = [
+    "XML_DECLARATION",
+    "checked_text",
+    "connect_stream_document",
+    "xml_can_carry",
+    "xml_document",
+]
 
 #: The declaration the providers' own helper libraries emit (twilio-python
 #: ``TwiML.to_xml``; TeXML and Plivo XML take the same).
@@ -36,3 +43,24 @@ def checked_text(value: str, what: str) -> str:
 def xml_document(root: ET.Element) -> str:
     """``root`` as a whole document, declaration first."""
     return XML_DECLARATION + ET.tostring(root, encoding="unicode")
+
+
+def connect_stream_document(stream: Mapping[str, str], parameters: Mapping[str, str]) -> str:
+    """``<Response><Connect><Stream …>`` with ``stream``'s attributes (already checked by
+    the caller) and one ``<Parameter name value>`` per entry of ``parameters`` (TwiML
+    and TeXML share this form). Raises ``ValueError`` for an empty parameter name or a
+    value XML cannot carry."""
+    response = ET.Element("Response")
+    element = ET.SubElement(ET.SubElement(response, "Connect"), "Stream", dict(stream))
+    for name, value in parameters.items():
+        if not name:
+            raise ValueError("parameter names must not be empty")
+        ET.SubElement(
+            element,
+            "Parameter",
+            {
+                "name": checked_text(name, "parameter name"),
+                "value": checked_text(value, "parameter"),
+            },
+        )
+    return xml_document(response)

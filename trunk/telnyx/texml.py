@@ -13,7 +13,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
-from rutster.trunk.xml_documents import checked_text, xml_document
+from rutster.trunk.xml_documents import checked_text, connect_stream_document, xml_document
 
 __all__ = [
     "REJECT_REASONS",
@@ -40,21 +40,9 @@ def connect_stream_texml(stream_url: str, parameters: Mapping[str, str]) -> str:
     """
     if not stream_url.startswith(("wss://", "ws://")):
         raise ValueError("the stream URL must be ws:// or wss://")
-    response = ET.Element("Response")
-    connect = ET.SubElement(response, "Connect")
-    stream = ET.SubElement(
-        connect, "Stream", {"url": checked_text(stream_url, "stream URL"), **STREAM_ATTRIBUTES}
+    return connect_stream_document(
+        {"url": checked_text(stream_url, "stream URL"), **STREAM_ATTRIBUTES}, parameters
     )
-    for name, value in parameters.items():
-        ET.SubElement(
-            stream,
-            "Parameter",
-            {
-                "name": checked_text(name, "parameter name"),
-                "value": checked_text(value, "parameter"),
-            },
-        )
-    return xml_document(response)
 
 
 def reject_texml(reason: str) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import SplitResult, urlsplit
 
-from rutster.trunk.xml_documents import checked_text, xml_document
+from rutster.trunk.xml_documents import checked_text, connect_stream_document, xml_document
 
 #: Schemes a ``<Stream url>`` may use: Twilio wants ``wss``; ``ws`` is kept for local testing.
 STREAM_URL_SCHEMES = frozenset({"ws", "wss"})
@@ -93,21 +93,7 @@ def connect_stream_twiml(
             raise ValueError("status_callback must be an absolute http:// or https:// URL")
         stream_attrs["statusCallback"] = checked_text(status_callback, "status_callback")
 
-    response = ET.Element("Response")
-    connect = ET.SubElement(response, "Connect")
-    stream = ET.SubElement(connect, "Stream", stream_attrs)
-    for name, value in parameters.items():
-        if not name:
-            raise ValueError("parameter names must not be empty")
-        ET.SubElement(
-            stream,
-            "Parameter",
-            {
-                "name": checked_text(name, "parameter name"),
-                "value": checked_text(value, "parameter"),
-            },
-        )
-    return xml_document(response)
+    return connect_stream_document(stream_attrs, parameters)
 
 
 def reject_twiml(reason: str = "rejected") -> str:
