@@ -33,8 +33,9 @@ SOURCES = (
     "README.md",
     "pyproject.toml",
 )
-#: Not the project's text: fixtures (third-party READMEs) and installed packages.
-SKIPPED_PARTS = frozenset({"fixtures", "node_modules", "__pycache__", "artifacts"})
+#: Not the project's text: fixtures (third-party READMEs) and installed packages
+#: (``bench/.pipecat-venv``, the peer's virtualenv bench/vs_pipecat.py builds).
+SKIPPED_PARTS = frozenset({"fixtures", "node_modules", "__pycache__", "artifacts", ".pipecat-venv"})
 SUFFIXES = frozenset({".py", ".md", ".lua", ".toml", ".cfg", ""})
 #: A Markdown file named in text, not as part of an address (``//host/x.md``).
 MD_NAME = re.compile(r"(?<![\w/.:-])((?:\.\./|[\w-]+/)*[\w-]+\.md)\b")
