@@ -157,6 +157,9 @@ async def bench(levels: list[int], seconds: float) -> None:
             "RUTSTER_TAP_URL": f"ws://{LOOPBACK}:{brain.port}/echo",
             "RUTSTER_BARGE_IN": "off",  # the echo brain talks over the caller by design
             "RUTSTER_DEFAULT_MAX_CONCURRENT": "0",
+            # Where the node breaks is measured: the overload guard would refuse the
+            # calls past it instead (bench/overload.py measures that).
+            "RUTSTER_OVERLOAD_GUARD": "off",
             "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
             "TWILIO_AUTH_TOKEN": token,
             # One secret for every node, as behind a load balancer.

@@ -183,6 +183,9 @@ async def bench(levels: list[int], seconds: float, vad: str) -> None:
             # Every call goes through the spend gate (embedded Redis), as in production;
             # lift the default tenant's caps so the load, not a limit, is measured.
             "RUTSTER_DEFAULT_MAX_CONCURRENT": "0",
+            # Where the node breaks is measured: the overload guard would refuse the
+            # calls past it instead (bench/overload.py measures that).
+            "RUTSTER_OVERLOAD_GUARD": "off",
             "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
             "TWILIO_AUTH_TOKEN": token,
             "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),

@@ -211,6 +211,9 @@ def rutster_server(token: str, load_cores: list[int]) -> Iterator[tuple[str, psu
             "RUTSTER_TAP_URL": f"ws://{LOOPBACK}:{brain.port}/echo",
             # The load, not a tenant's cap, is what is measured.
             "RUTSTER_DEFAULT_MAX_CONCURRENT": "0",
+            # Where the node breaks is measured: the overload guard would refuse the
+            # calls past it instead (bench/overload.py measures that).
+            "RUTSTER_OVERLOAD_GUARD": "off",
             "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
             "TWILIO_AUTH_TOKEN": token,
             "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),

@@ -131,7 +131,25 @@ async def admit_call(state: GatewayState, request: AdmissionRequest) -> SpendCon
         metrics.admissions.labels("refused", REASON_DRAINING).inc()
         log.info("%s %s call refused: this node is draining", request.provider, request.direction)
         return Refused(REASON_DRAINING)
-    admission = await gate.admit(request)
+    pending = state.admitting + len(state.media_watchers)
+    reason = state.overload_guard.refusal(len(state.calls), pending)
+    if reason is not None:
+        metrics.admissions.labels("refused", reason).inc()
+        log.warning(
+            "%s %s call refused: %s (%d live, %d admitted waiting for media; %s)",
+            request.provider,
+            request.direction,
+            reason,
+            len(state.calls),
+            pending,
+            state.overload_guard.reading(),
+        )
+        return Refused(reason)
+    state.admitting += 1
+    try:
+        admission = await gate.admit(request)
+    finally:
+        state.admitting -= 1
     if not admission.admitted:
         metrics.admissions.labels("refused", admission.reason).inc()
         log.info(

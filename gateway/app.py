@@ -33,6 +33,8 @@ from rutster.gateway.control_channel import (
     ControlRequest,
 )
 from rutster.gateway.dashboard_feed import dashboard_routes
+from rutster.gateway.loop_watch import watch_loop
+from rutster.gateway.overload_guard import OverloadGuard
 from rutster.gateway.peer_faults import (
     UVICORN_ERROR_LOGGER,
     ClientDisconnectGuard,
@@ -213,6 +215,19 @@ def create_app(
     state = GatewayState(config=config or GatewayConfig.from_env())
     if providers is not None:
         state.providers = providers
+    state.overload_guard = OverloadGuard(
+        state.config.max_calls, measured=state.config.overload_guard
+    )
+    guard = state.overload_guard
+
+    def reading_or_nan(value: float | int | None) -> float:
+        return float("nan") if value is None else float(value)
+
+    state.metrics.loop_busy.set_function(lambda: reading_or_nan(guard.reading().busy))
+    state.metrics.loop_lag.set_function(lambda: reading_or_nan(guard.reading().lag_p90_s))
+    state.metrics.capacity_estimate.set_function(
+        lambda: reading_or_nan(guard.reading().capacity)
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -229,6 +244,9 @@ def create_app(
         utf8_filter = InvalidUtf8LogFilter(state.metrics.bad_messages)
         logging.getLogger(UVICORN_ERROR_LOGGER).addFilter(utf8_filter)
         spend_tasks = await start_spend_services(state)
+        spend_tasks.append(
+            asyncio.create_task(watch_loop(guard, lambda: len(state.calls)), name="loop:watch")
+        )
         gc.collect()
         gc.freeze()
         log.info(

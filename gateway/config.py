@@ -141,6 +141,12 @@ class GatewayConfig:
     #: How long a node asked to stop (SIGTERM) lets its calls run before it ends them
     #: (gateway/drain.py; 0: end them at once).
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    #: Calls this node holds at most, live or waiting for their media (None: no fixed
+    #: cap; gateway/overload_guard.py).
+    max_calls: int | None = None
+    #: Refuse calls when the event loop is measured too busy for one more
+    #: (gateway/overload_guard.py); off only to measure where a node breaks.
+    overload_guard: bool = True
     #: Shared secret SIP workers present on ``/sip/workers`` (None: SIP is off).
     sip_secret: str | None = field(default=None, repr=False)
     #: The environment this configuration was read from: a provider whose settings
@@ -261,6 +267,8 @@ class GatewayConfig:
             drain_timeout_s=env_float(
                 env, "RUTSTER_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S, minimum=0.0
             ),
+            max_calls=env_int(env, "RUTSTER_MAX_CALLS", 0) or None,
+            overload_guard=env_bool(env, "RUTSTER_OVERLOAD_GUARD", True),
             env=dict(env),
             sip_secret=sip_secret,
             spend=spend,

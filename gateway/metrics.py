@@ -176,6 +176,23 @@ class GatewayMetrics:
             ["outcome", "reason"],
             registry=r,
         )
+        self.loop_busy = Gauge(
+            "rutster_loop_busy_ratio",
+            "Share of wall time the event loop's thread was on the CPU over the overload "
+            "guard's window (NaN until it holds enough samples)",
+            registry=r,
+        )
+        self.loop_lag = Gauge(
+            "rutster_loop_lag_seconds",
+            "How late the event loop woke (P90 over the overload guard's window)",
+            registry=r,
+        )
+        self.capacity_estimate = Gauge(
+            "rutster_capacity_estimate_calls",
+            "Calls the event loop could hold at the guard's CPU limit at today's cost per "
+            "call (NaN with too few calls to say)",
+            registry=r,
+        )
         self.spend_settled_micros = Counter(
             "rutster_spend_settled_micros",
             "Actual cost settled for ended calls (micro-USD)",

@@ -14,6 +14,7 @@ from rutster.gateway.call_trail import CallTrail
 from rutster.gateway.config import GatewayConfig
 from rutster.gateway.http_guard import HttpGuardStats
 from rutster.gateway.metrics import GatewayMetrics
+from rutster.gateway.overload_guard import OverloadGuard
 from rutster.gateway.stream_claims import StreamClaims
 from rutster.protocols.call_control import ProviderCallControl
 from rutster.trunk.sip.worker_links import SipCallControl, SipWorkerRegistry
@@ -88,6 +89,10 @@ class GatewayState:
     draining: bool = False
     #: Set while no call is live here (what a drain waits for).
     no_calls: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Whether one more call fits on this node (a fixed cap, the loop's measurements).
+    overload_guard: OverloadGuard = field(default_factory=OverloadGuard)
+    #: Admissions asking the spend gate right now (not yet waiting for their media).
+    admitting: int = 0
     #: Admissions waiting for their media stream, by call id.
     media_watchers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     #: Work started without waiting for it (run_in_background), until it finishes.

@@ -516,3 +516,14 @@ def test_a_bad_price_file_names_the_json_path(tmp_path: Path) -> None:
     prices.write_text('{"telephony": {}, "brains": {"gpt-realtime": {"audio_in_per_million": 3}}}')
     message = config_error({"RUTSTER_PRICES_FILE": str(prices)})
     assert "RUTSTER_PRICES_FILE" in message and "gpt-realtime" in message
+
+
+def test_the_node_limits_default_to_the_measured_guard_with_no_fixed_cap() -> None:
+    config = GatewayConfig.from_env({})
+    assert (config.max_calls, config.overload_guard) == (None, True)
+    config = GatewayConfig.from_env({"RUTSTER_MAX_CALLS": "40", "RUTSTER_OVERLOAD_GUARD": "off"})
+    assert (config.max_calls, config.overload_guard) == (40, False)
+    assert GatewayConfig.from_env({"RUTSTER_MAX_CALLS": "0"}).max_calls is None
+    assert "RUTSTER_MAX_CALLS" in config_error({"RUTSTER_MAX_CALLS": "-1"})
+    assert "RUTSTER_MAX_CALLS" in config_error({"RUTSTER_MAX_CALLS": "lots"})
+    assert "RUTSTER_OVERLOAD_GUARD" in config_error({"RUTSTER_OVERLOAD_GUARD": "maybe"})

@@ -33,6 +33,7 @@ from rutster.tools.sip_peer import SipPeerProcess
 from tests.conftest import TEST_ADMIN_KEY, eventually
 from tests.realtime_echo import check_sip_echo, realtime_echo
 from tests.sip_stack import sip_stack, speech_16k
+from tests.support.overload import overload, relieve
 from tests.support.recording_brain import RecordingBrain, TransferBrain
 
 SPEECH = Path(__file__).parent / "fixtures" / "audio" / "caller_speech_8k.wav"
@@ -251,3 +252,18 @@ async def test_brain_transfer_tool_refers_the_caller_to_another_line() -> None:
     session_end = brain.of_type(SessionEnd)[0]
     assert isinstance(session_end, SessionEnd)
     assert session_end.reason is SessionEndReason.TRANSFERRED
+
+
+async def test_an_overloaded_node_answers_503_so_the_trunk_tries_another() -> None:
+    async with SipBrain() as brain, sip_stack(brain.url) as stack, SipPeerProcess() as peer:
+        overload(stack.gateway.state)
+        try:
+            call = await peer.place_call(stack.uri())
+        finally:
+            relieve(stack.gateway.state)
+        refused = stack.gateway.metric(
+            "rutster_admissions_total", outcome="refused", reason="node_overloaded"
+        )
+    assert call.sip_code == 503 and not call.answered
+    assert refused == 1
+    assert not brain.of_type(Hello)

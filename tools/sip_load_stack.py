@@ -139,6 +139,8 @@ def load_gateway_env(tap_url: str, sip_secret: str, vad: str | None = None) -> d
         "RUTSTER_BARGE_IN": "off",
         # 0 = no limit: all calls come from one caller ("peer") to one tenant.
         "RUTSTER_DEFAULT_MAX_CONCURRENT": "0",
+        # Where the node breaks is measured, not where its overload guard would refuse.
+        "RUTSTER_OVERLOAD_GUARD": "off",
         "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
         "RUTSTER_SIP_SECRET": sip_secret,
         # Secure mode with throwaway secrets, as `rutster demo` runs.

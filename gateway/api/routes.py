@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
 from rutster.gateway.admission import REASON_DRAINING, Refused, admit_call
+from rutster.gateway.overload_guard import REASON_NODE_FULL, REASON_NODE_OVERLOADED
 from rutster.gateway.api.api_keys import (
     KeyStoreUnavailable,
     Principal,
@@ -276,6 +277,11 @@ async def create_call(request: Request, principal: Principal) -> Response:
     if isinstance(admitted, Refused):
         if admitted.reason == REASON_DRAINING:
             raise unavailable("this gateway is draining (stopping); place the call on another")
+        if admitted.reason in (REASON_NODE_FULL, REASON_NODE_OVERLOADED):
+            raise unavailable(
+                f"this gateway cannot carry another call now ({admitted.reason}); "
+                "try again shortly or place the call on another"
+            )
         raise refused(admitted.reason, f"the spend gate refused the call: {admitted.reason}")
     if admitted.degraded:
         # Fail-open admission with Redis down: nothing to read the call back from.

@@ -33,9 +33,10 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
-from rutster.gateway.admission import Refused, admit_call, grant_stream
+from rutster.gateway.admission import REASON_DRAINING, Refused, admit_call, grant_stream
 from rutster.gateway.call import Call
 from rutster.gateway.control_channel import ControlOutcome, ControlReply, ControlRequest
+from rutster.gateway.overload_guard import REASON_NODE_FULL, REASON_NODE_OVERLOADED
 from rutster.gateway.ingress_provider import (
     NO_RATES,
     DialFailed,
@@ -85,8 +86,11 @@ MEDIA_PATH = "/sip/stream"
 SIP_BUSY = 486
 SIP_DECLINE = 603
 SIP_UNAVAILABLE = 503
-#: Refusal reasons that mean "ask again later" rather than "no".
-RETRYABLE_REFUSALS = frozenset({"store_unavailable"})
+#: Refusal reasons that mean "ask again later" (or elsewhere) rather than "no": Redis
+#: unreachable, this node full, overloaded or draining (the trunk tries its next route).
+RETRYABLE_REFUSALS = frozenset(
+    {"store_unavailable", REASON_DRAINING, REASON_NODE_FULL, REASON_NODE_OVERLOADED}
+)
 #: A worker's id: short, safe for logs and metrics labels.
 WORKER_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 #: Ring time for calls the API places over SIP: as for Twilio's Timeout (30 s).
