@@ -17,11 +17,13 @@ Calls start at 5 a second, and each level runs on a freshly started server (afte
 short warm-up calls), so no level inherits another's state. A call is **carried** when at
 least 95 % of its audio came back and the caller heard no gap longer than 60 ms (issue
 18's rule). Per level it prints: calls carried; the server's CPU (% of its core, while
-every call of the level runs) and that divided by the calls; the server's RSS growth over
+every call of the level runs) and that divided by the calls, and the same over the idle
+server's CPU measured just before the level; the server's RSS growth over
 its idle RSS divided by the calls; and the echo lag the callers heard (each call's median
 lag over 2 s segments of its speech; P50 and P99 over the calls of the level). The last
 lines give each system's largest level with every call carried (and every smaller level
-too), and their ratio: calls per core, since each server has one.
+too), how far the CPU per call over idle moved across the levels of 10 calls or more
+carried, and their ratio: calls per core, since each server has one.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ START_S = 60.0
 START_RATE_PER_S = 5.0
 #: Warm-up before each level, not reported: first-use costs on both sides of the wire.
 WARMUP_CALLS = 2
+#: How long the idle server's CPU is sampled before each level (seconds).
+IDLE_SAMPLE_S = 1.0
 WARMUP_S = 3.0
 RATE = 8_000
 
@@ -93,8 +97,15 @@ class LevelResult:
     calls: int
     carried: int
     cpu_pct: float
+    #: The server's CPU while idle just before the level (% of its core).
+    idle_cpu_pct: float
     rss_growth_mib: float
     lags_ms: list[float]
+
+    @property
+    def per_call_above_idle(self) -> float:
+        """The CPU the calls added over the idle server, per call (% of its core)."""
+        return max(0.0, self.cpu_pct - self.idle_cpu_pct) / self.calls
 
     @property
     def all_carried(self) -> bool:
@@ -105,10 +116,11 @@ class LevelResult:
         p50 = f"{np.percentile(lags, 50):.0f}" if lags else "-"
         p99 = f"{np.percentile(lags, 99):.0f}" if lags else "-"
         per_call_cpu = self.cpu_pct / self.calls
+        above_idle = self.per_call_above_idle
         per_call_kib = self.rss_growth_mib * 1024 / self.calls
         return (
             f"{self.system:14} {self.calls:>5} {self.carried:>4}/{self.calls:<4} "
-            f"{self.cpu_pct:>6.0f}% {per_call_cpu:>8.2f}% {per_call_kib:>9.0f} "
+            f"{self.cpu_pct:>6.0f}% {per_call_cpu:>8.2f}% {above_idle:>9.2f}% {per_call_kib:>9.0f} "
             f"{p50:>7} {p99:>7}"
         )
 
@@ -250,6 +262,9 @@ async def run_level(
     """N calls of ``pcm``; CPU and RSS taken while all N run (after the last start)."""
     sims = [TwilioSimulator(url, auth_token=token) for _ in range(calls)]
     idle = rss_mib(server)
+    server.cpu_percent(None)
+    await asyncio.sleep(IDLE_SAMPLE_S)
+    idle_cpu = server.cpu_percent(None)
     seconds = len(pcm) / 2 / RATE
     ramp_s = (calls - 1) / START_RATE_PER_S
     gc.collect()
@@ -269,6 +284,7 @@ async def run_level(
         calls=calls,
         carried=sum(carried(r, sent_ms) for r in results),
         cpu_pct=cpu,
+        idle_cpu_pct=idle_cpu,
         rss_growth_mib=max(0.0, rss - idle),
         lags_ms=lags,
     )
@@ -286,6 +302,19 @@ def largest_carried(rows: list[LevelResult]) -> int:
     return best
 
 
+def cost_spread(rows: list[LevelResult], carried_up_to: int) -> str:
+    """How much the CPU per call (over idle) moved across the levels carried whole
+    (issue 18: flat within 20 % from 10 calls to the most carried)."""
+    costs = [r.per_call_above_idle for r in rows if 10 <= r.calls <= carried_up_to]
+    if len(costs) < 2 or min(costs) <= 0:
+        return "CPU per call over idle: fewer than two levels of 10 calls or more carried"
+    low, high = min(costs), max(costs)
+    return (
+        f"CPU per call over idle, levels of 10 to {carried_up_to} calls: {low:.2f}-{high:.2f} %, "
+        f"the highest {100 * (high / low - 1):.0f} % above the lowest (issue 18: within 20 %)"
+    )
+
+
 async def bench(levels: list[int], seconds: float, venv: Path, systems: list[str]) -> None:
     pcm = read_wav_8k(SPEECH_WAV)[: int(seconds * RATE) * 2]
     token = secrets.token_urlsafe(16)
@@ -300,7 +329,7 @@ async def bench(levels: list[int], seconds: float, venv: Path, systems: list[str
     )
     print(
         f"{'system':14} {'calls':>5} {'carried':>9} {'CPU':>7} {'CPU/call':>9} "
-        f"{'KiB/call':>9} {'lag P50':>7} {'lag P99':>7}"
+        f"{'over idle':>10} {'KiB/call':>9} {'lag P50':>7} {'lag P99':>7}"
     )
     results: dict[str, list[LevelResult]] = {}
     for system in systems:
@@ -320,12 +349,14 @@ async def bench(levels: list[int], seconds: float, venv: Path, systems: list[str
             rows.append(row)
     print(
         "carried: ≥ 95 % of the audio back and no heard gap over 60 ms; CPU: the server's, "
-        "% of its one core while all the level's calls run; KiB/call: its RSS growth over "
-        "idle / calls; lag: each call's median echo lag as heard, P50/P99 over the calls"
+        "% of its one core while all the level's calls run; CPU/call: that / calls; over "
+        "idle: (that - the idle server's CPU just before) / calls; KiB/call: its RSS growth "
+        "over idle / calls; lag: each call's median echo lag as heard, P50/P99 over the calls"
     )
     carried_at = {system: largest_carried(rows) for system, rows in results.items()}
     for system, n in carried_at.items():
         print(f"{system}: every call carried up to {n} calls on one core")
+        print(f"  {cost_spread(results[system], n)}")
     if carried_at.get("pipecat") and "rutster" in carried_at:
         ratio = carried_at["rutster"] / carried_at["pipecat"]
         print(f"ratio rutster / Pipecat: {ratio:.2f}x the calls per core (issue 18 goal: 7.5x)")
