@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.call_profile import OTHER, charge
 from bench.concurrent_calls import histogram_p99_ms, pooled_jitter_p99_ms
 from bench.vs_pipecat import LevelResult, cost_spread
 from rutster.tools.twilio_simulator import SimulatedCallResult
@@ -59,3 +60,20 @@ def test_the_cost_per_call_over_idle_and_its_spread_over_the_levels_carried() ->
         "the highest 14 % above the lowest (issue 18: within 20 %)"
     )
     assert "fewer than two levels" in cost_spread(rows, 10)
+
+
+def test_a_profile_sample_is_charged_to_the_innermost_part_on_its_stack() -> None:
+    raw = "\n".join(
+        [
+            # The VAD runs inside the reflex loop: the VAD, not the reflex loop.
+            "run (a.py:1);ReflexLoop.on_caller_frame (r.py:2);SileroDetector.process (v.py:3) 7",
+            "run (a.py:1);ReflexLoop.on_caller_frame (r.py:2) 2",
+            "run (a.py:1);select (selectors.py:9) 1",
+            "not a sample line",
+        ]
+    )
+    assert dict(charge(raw)) == {
+        "VAD (Silero, its cascade)": 7,
+        "reflex state machine": 2,
+        OTHER: 1,
+    }
