@@ -10,7 +10,9 @@ the :class:`~gateway.spend_context.SpendContext` and the stream token are here.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 from rutster.base.stream_token import StreamTokenSigner
@@ -121,6 +123,26 @@ def webhook_admission(
     )
 
 
+def note_node_refusal(state: GatewayState, request: AdmissionRequest, reason: str) -> None:
+    """Write a refusal the spend gate never saw to the dashboard's recent refusals, in
+    the background (the caller's answer does not wait on Redis), a few a second at most."""
+    store = state.spend_store
+    if store is None or not state.refusal_notes.take(time.monotonic()):
+        return
+
+    async def note() -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await store.note_refusal(
+                request.tenant,
+                reason,
+                caller=request.caller,
+                call_id=request.call_id,
+                now_ms=int(time.time() * 1000),
+            )
+
+    state.run_in_background(note(), name=f"refusal-note:{reason}")
+
+
 async def admit_call(state: GatewayState, request: AdmissionRequest) -> SpendContext | Refused:
     """Ask the spend gate; count and log the outcome. A degraded admission (Redis down,
     fail-open) is admitted with ``context.degraded`` set."""
@@ -130,6 +152,7 @@ async def admit_call(state: GatewayState, request: AdmissionRequest) -> SpendCon
     if state.draining:
         metrics.admissions.labels("refused", REASON_DRAINING).inc()
         log.info("%s %s call refused: this node is draining", request.provider, request.direction)
+        note_node_refusal(state, request, REASON_DRAINING)
         return Refused(REASON_DRAINING)
     pending = state.admitting + len(state.media_watchers)
     reason = state.overload_guard.refusal(len(state.calls), pending)
@@ -144,6 +167,7 @@ async def admit_call(state: GatewayState, request: AdmissionRequest) -> SpendCon
             pending,
             state.overload_guard.reading(),
         )
+        note_node_refusal(state, request, reason)
         return Refused(reason)
     state.admitting += 1
     try:

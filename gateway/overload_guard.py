@@ -149,3 +149,29 @@ class OverloadGuard:
         if reading.capacity is not None and held + 1 > reading.capacity:
             return REASON_NODE_OVERLOADED
         return None
+
+
+#: Node refusals (full, overloaded, draining) written to the dashboard's recent-refusals
+#: stream per second at most; the rest are only counted (``rutster_admissions_total``).
+#: Seed decision: the dashboard lists the last few, and a node refusing a flood must not
+#: add a Redis write per refused call to the loop it is protecting.
+NOTED_REFUSALS_PER_S = 5
+
+
+class RefusalNotes:
+    """How many of a second's node refusals are written down (sans-I/O, time given)."""
+
+    def __init__(self, per_second: int = NOTED_REFUSALS_PER_S) -> None:
+        self.per_second = per_second
+        self._second = -1
+        self._noted = 0
+
+    def take(self, now_s: float) -> bool:
+        """True when the refusal at ``now_s`` may be written down."""
+        second = int(now_s)
+        if second != self._second:
+            self._second, self._noted = second, 0
+        if self._noted >= self.per_second:
+            return False
+        self._noted += 1
+        return True

@@ -14,7 +14,7 @@ from rutster.gateway.call_trail import CallTrail
 from rutster.gateway.config import GatewayConfig
 from rutster.gateway.http_guard import HttpGuardStats
 from rutster.gateway.metrics import GatewayMetrics
-from rutster.gateway.overload_guard import OverloadGuard
+from rutster.gateway.overload_guard import OverloadGuard, RefusalNotes
 from rutster.gateway.stream_claims import StreamClaims
 from rutster.protocols.call_control import ProviderCallControl
 from rutster.trunk.sip.worker_links import SipCallControl, SipWorkerRegistry
@@ -91,6 +91,8 @@ class GatewayState:
     no_calls: asyncio.Event = field(default_factory=asyncio.Event)
     #: Whether one more call fits on this node (a fixed cap, the loop's measurements).
     overload_guard: OverloadGuard = field(default_factory=OverloadGuard)
+    #: Which node refusals reach the dashboard's recent-refusals stream.
+    refusal_notes: RefusalNotes = field(default_factory=RefusalNotes)
     #: Admissions asking the spend gate right now (not yet waiting for their media).
     admitting: int = 0
     #: Admissions waiting for their media stream, by call id.

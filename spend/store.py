@@ -1250,6 +1250,27 @@ class SpendStore:
         """The newest ``count`` admission refusals, newest first."""
         return await self._recent(self.keys.refusals, count, "recent_refusals")
 
+    async def note_refusal(
+        self, tenant: str, reason: str, *, caller: str, call_id: str, now_ms: int
+    ) -> None:
+        """Add a refusal made before the spend gate was asked (a node full, overloaded or
+        draining) to the recent-refusals stream the dashboard shows; the spend gate adds
+        its own in its admission script."""
+        entry: dict[FieldT, EncodableT] = {
+            "at": now_ms,
+            "tenant": tenant,
+            "reason": reason,
+            "caller": caller,
+            "call": call_id,
+        }
+        with _unavailable_as("note_refusal"):
+            await self.redis.xadd(
+                self.keys.refusals,
+                entry,
+                maxlen=RECENT_STREAM_MAX_ENTRIES,
+                approximate=True,
+            )
+
     async def recent_ended(self, count: int) -> list[dict[str, str]]:
         """The newest ``count`` ended calls (with reason and spent), newest first."""
         return await self._recent(self.keys.ended, count, "recent_ended")

@@ -143,12 +143,20 @@ async def test_an_overloaded_node_refuses_webhooks_and_placed_calls_before_diall
             assert placed.headers["retry-after"]
             assert REASON_NODE_OVERLOADED in placed.json()["error"]["message"]
             assert "<Reject" in webhook.text
+            refused_reason = REASON_NODE_OVERLOADED
             refused = gw.metric(
-                "rutster_admissions_total", outcome="refused", reason=REASON_NODE_OVERLOADED
+                "rutster_admissions_total", outcome="refused", reason=refused_reason
             )
             assert refused == 2
             assert fake.calls == {}  # nothing was dialled
             assert echo_brain.connections == 0
+            # On the dashboard's recent refusals, with the tenant and the reason.
+            store = gw.state.spend_store
+            assert store is not None
+            await eventually(lambda: not gw.state.background, 5)
+            noted = [r for r in await store.recent_refusals(10) if r["reason"] == refused_reason]
+            assert len(noted) == 2 and {r["tenant"] for r in noted} == {TENANT}
+            assert {r["caller"] for r in noted} == {"+15550003333", "+15550001234"}
             # Its health stays ok: it carries its calls; it only takes no more.
             assert (await api.get("/healthz")).status_code == 200
 

@@ -8,12 +8,14 @@ from rutster.gateway.overload_guard import (
     LOOP_BUSY_LIMIT,
     LOOP_LAG_LIMIT_S,
     MIN_CALLS_MEASURED,
+    NOTED_REFUSALS_PER_S,
     REASON_NODE_FULL,
     REASON_NODE_OVERLOADED,
     SAMPLE_INTERVAL_S,
     WINDOW_S,
     LoopSample,
     OverloadGuard,
+    RefusalNotes,
 )
 
 
@@ -109,3 +111,10 @@ def test_off_keeps_only_the_fixed_cap() -> None:
     guard = OverloadGuard(measured=False)
     feed(guard, busy=0.99, calls=50, lag_s=1.0)
     assert guard.refusal(live_calls=50, pending=0) is None
+
+
+def test_a_few_refusals_a_second_are_written_down_and_the_rest_only_counted() -> None:
+    notes = RefusalNotes()
+    taken = [notes.take(100.0 + i / 100) for i in range(50)]  # 50 within one second
+    assert sum(taken) == NOTED_REFUSALS_PER_S and all(taken[:NOTED_REFUSALS_PER_S])
+    assert notes.take(101.0)  # a new second
