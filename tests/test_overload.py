@@ -19,7 +19,7 @@ import httpx
 
 from rutster.brains.echo import EchoBrain
 from rutster.gateway.overload_guard import REASON_NODE_FULL, REASON_NODE_OVERLOADED
-from rutster.tools.launcher import LOOPBACK, gateway_process
+from rutster.tools.launcher import LOOPBACK, Service, echo_brain_process, gateway_process
 from rutster.tools.twilio_simulator import SimulatedCallResult, TwilioSimulator, new_sid
 from tests.conftest import (
     TEST_AUTH_TOKEN,
@@ -57,61 +57,79 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 
 @realtime_echo
 async def test_a_full_node_refuses_the_excess_before_dialling_and_carries_what_it_took(
-    echo_brain: EchoBrain, speech_pcm: bytes
+    speech_pcm: bytes,
 ) -> None:
     token = secrets.token_urlsafe(16)
-    env = cluster_env(
-        unique_prefix(),
-        token,
-        echo_brain.url,
-        RUTSTER_MAX_CALLS=str(CAP),
-        RUTSTER_DRAIN_TIMEOUT_S=str(DRAIN_S),
-    )
     sent = speech_pcm[: 6 * 8000 * 2]
-    with gateway_process(env) as node:
-        url = f"http://{LOOPBACK}:{node.port}"
-        offered = await asyncio.gather(
-            *(
-                TwilioSimulator(url, auth_token=token).place_call(sent, tail_s=1.0)
-                for _ in range(OFFERED)
-            ),
-            return_exceptions=True,
+    # The brain in a process of its own: this process runs the four callers, whose
+    # pacing the echo judgement relies on.
+    with echo_brain_process() as brain:
+        env = cluster_env(
+            unique_prefix(),
+            token,
+            f"ws://{LOOPBACK}:{brain.port}/echo",
+            RUTSTER_MAX_CALLS=str(CAP),
+            RUTSTER_DRAIN_TIMEOUT_S=str(DRAIN_S),
         )
-        carried = [r for r in offered if isinstance(r, SimulatedCallResult)]
-        refused = [r for r in offered if not isinstance(r, SimulatedCallResult)]
-        # Refused at the webhook (<Reject>, no <Connect><Stream>), before any brain.
-        assert len(carried) == CAP and len(refused) == OFFERED - CAP, offered
-        assert all("<Connect>" in str(r) for r in refused), refused
-        assert echo_brain.connections == CAP
-        for result in carried:
-            assert_echo_intact(sent, result)
-        async with httpx.AsyncClient(base_url=url, timeout=5) as http:
-            exposition = (await http.get("/metrics")).text
-        assert metric_value(
-            exposition, "rutster_admissions_total", outcome="refused", reason=REASON_NODE_FULL
-        ) == float(OFFERED - CAP)
+        with gateway_process(env) as node:
+            await overload_then_stop(node, token, sent, speech_pcm)
 
-        # Full again, then SIGTERM: it still refuses, and it stops by its deadline.
-        calls = [
-            asyncio.create_task(TwilioSimulator(url, auth_token=token).place_call(speech_pcm))
-            for _ in range(CAP)
-        ]
-        try:
-            await eventually(lambda: echo_brain.connections == 2 * CAP, 10)
-            webhook = await TwilioSimulator(url, auth_token=token).post_voice_webhook(
-                new_sid("CA"), from_="+15550001234", to="+15559990000"
-            )
-            assert "<Reject" in webhook.text
-            node.proc.send_signal(signal.SIGTERM)
-            signalled = time.monotonic()
-            ended = await asyncio.wait_for(asyncio.gather(*calls), DRAIN_S + STOP_MARGIN_S)
-            assert all(r.media_received > 0 for r in ended)
-            assert time.monotonic() - signalled <= DRAIN_S + STOP_MARGIN_S
-            assert await asyncio.to_thread(node.proc.wait, EXIT_WAIT_S) == 0
-        finally:
-            for call in calls:
-                call.cancel()
-    assert echo_brain.connections == 2 * CAP
+
+async def brains_dialled(url: str) -> float:
+    """The brain connections the gateway has opened (its own counter)."""
+    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+        return metric_value((await http.get("/metrics")).text, "rutster_tap_connects_total")
+
+
+async def overload_then_stop(node: Service, token: str, sent: bytes, speech_pcm: bytes) -> None:
+    """Offer ``node`` twice its cap at once and check what it took and refused; fill it
+    again and SIGTERM it."""
+    url = f"http://{LOOPBACK}:{node.port}"
+    offered = await asyncio.gather(
+        *(
+            TwilioSimulator(url, auth_token=token).place_call(sent, tail_s=1.0)
+            for _ in range(OFFERED)
+        ),
+        return_exceptions=True,
+    )
+    carried = [r for r in offered if isinstance(r, SimulatedCallResult)]
+    refused = [r for r in offered if not isinstance(r, SimulatedCallResult)]
+    # Refused at the webhook (<Reject>, no <Connect><Stream>), before any brain.
+    assert len(carried) == CAP and len(refused) == OFFERED - CAP, offered
+    assert all("<Connect>" in str(r) for r in refused), refused
+    assert await brains_dialled(url) == CAP
+    for result in carried:
+        assert_echo_intact(sent, result)
+    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+        exposition = (await http.get("/metrics")).text
+    assert metric_value(
+        exposition, "rutster_admissions_total", outcome="refused", reason=REASON_NODE_FULL
+    ) == float(OFFERED - CAP)
+
+    # Full again, then SIGTERM: it still refuses, and it stops by its deadline.
+    calls = [
+        asyncio.create_task(TwilioSimulator(url, auth_token=token).place_call(speech_pcm))
+        for _ in range(CAP)
+    ]
+    try:
+        for _ in range(100):  # both calls at their brain, within 10 s
+            if await brains_dialled(url) >= 2 * CAP:
+                break
+            await asyncio.sleep(0.1)
+        assert await brains_dialled(url) == 2 * CAP
+        webhook = await TwilioSimulator(url, auth_token=token).post_voice_webhook(
+            new_sid("CA"), from_="+15550001234", to="+15559990000"
+        )
+        assert "<Reject" in webhook.text
+        node.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        ended = await asyncio.wait_for(asyncio.gather(*calls), DRAIN_S + STOP_MARGIN_S)
+        assert all(r.media_received > 0 for r in ended)
+        assert time.monotonic() - signalled <= DRAIN_S + STOP_MARGIN_S
+        assert await asyncio.to_thread(node.proc.wait, EXIT_WAIT_S) == 0
+    finally:
+        for call in calls:
+            call.cancel()
 
 
 async def test_an_overloaded_node_refuses_webhooks_and_placed_calls_before_dialling(
