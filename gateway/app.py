@@ -225,9 +225,7 @@ def create_app(
 
     state.metrics.loop_busy.set_function(lambda: reading_or_nan(guard.reading().busy))
     state.metrics.loop_lag.set_function(lambda: reading_or_nan(guard.reading().lag_p90_s))
-    state.metrics.capacity_estimate.set_function(
-        lambda: reading_or_nan(guard.reading().capacity)
-    )
+    state.metrics.capacity_estimate.set_function(lambda: reading_or_nan(guard.reading().capacity))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -1,6 +1,6 @@
 """The load benchmarks' figures are what their labels say: the pacer's p99 read from its
-Prometheus histogram, the callers' p99 jitter pooled over every media message, and the
-side-by-side benchmark's CPU per call over the idle server."""
+Prometheus histogram, the callers' p99 jitter pooled over every media message, and a
+profile sample charged to the part of the gateway it was in."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from bench.call_profile import OTHER, charge
 from bench.concurrent_calls import histogram_p99_ms, pooled_jitter_p99_ms
-from bench.vs_pipecat import LevelResult, cost_spread
 from rutster.tools.twilio_simulator import SimulatedCallResult
 
 PREFIX = "rutster_pacer_lateness_seconds_bucket|"
@@ -44,22 +43,6 @@ def test_the_callers_p99_is_one_percentile_over_every_message() -> None:
     calls = [call([0.0] * 100) for _ in range(99)] + [call([30.0] * 100)]
     assert pooled_jitter_p99_ms(calls) == pytest.approx(0.0, abs=30.0 * 0.02)
     assert max(c.inter_arrival_jitter_ms(99.0) for c in calls) == pytest.approx(30.0)
-
-
-def level(calls: int, cpu: float, idle: float) -> LevelResult:
-    return LevelResult("rutster", calls, calls, cpu, idle, 1.0, [50.0])
-
-
-def test_the_cost_per_call_over_idle_and_its_spread_over_the_levels_carried() -> None:
-    rows = [level(5, 30.0, 2.0), level(10, 42.0, 2.0), level(20, 72.0, 2.0), level(30, 92.0, 2.0)]
-    assert rows[1].per_call_above_idle == pytest.approx(4.0)
-    assert rows[3].per_call_above_idle == pytest.approx(3.0)
-    # 5 calls is below the issue's range; 30 is not carried whole here (up to 20).
-    assert cost_spread(rows, 20) == (
-        "CPU per call over idle, levels of 10 to 20 calls: 3.50-4.00 %, "
-        "the highest 14 % above the lowest (issue 18: within 20 %)"
-    )
-    assert "fewer than two levels" in cost_spread(rows, 10)
 
 
 def test_a_profile_sample_is_charged_to_the_innermost_part_on_its_stack() -> None:

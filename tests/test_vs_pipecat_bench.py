@@ -10,6 +10,7 @@ import pytest
 from bench.vs_pipecat import (
     LevelResult,
     carried,
+    cost_spread,
     echo_lag_ms,
     largest_carried,
     server_gaps,
@@ -67,7 +68,7 @@ def test_the_echo_lag_is_what_the_caller_heard() -> None:
 
 
 def level(calls: int, carried_calls: int) -> LevelResult:
-    return LevelResult("x", calls, carried_calls, 50.0, 1.0, [])
+    return LevelResult("x", calls, carried_calls, 50.0, 1.0, 1.0, [])
 
 
 def test_a_level_counts_only_when_every_smaller_level_carried_too() -> None:
@@ -75,3 +76,20 @@ def test_a_level_counts_only_when_every_smaller_level_carried_too() -> None:
     # A failure at 15 is not made up for by a luckier 20.
     assert largest_carried([level(10, 10), level(15, 5), level(20, 20)]) == 10
     assert largest_carried([level(10, 9)]) == 0
+
+
+def costed(calls: int, cpu: float, idle: float) -> LevelResult:
+    return LevelResult("rutster", calls, calls, cpu, idle, 1.0, [50.0])
+
+
+def test_the_cost_per_call_over_idle_and_its_spread_over_the_levels_carried() -> None:
+    rows = [costed(5, 30.0, 2.0), costed(10, 42.0, 2.0), costed(20, 72.0, 2.0)]
+    rows.append(costed(30, 92.0, 2.0))
+    assert rows[1].per_call_above_idle == pytest.approx(4.0)
+    assert rows[3].per_call_above_idle == pytest.approx(3.0)
+    # 5 calls is below the issue's range; 30 is not carried whole here (up to 20).
+    assert cost_spread(rows, 20) == (
+        "CPU per call over idle, levels of 10 to 20 calls: 3.50-4.00 %, "
+        "the highest 14 % above the lowest (issue 18: within 20 %)"
+    )
+    assert "fewer than two levels" in cost_spread(rows, 10)

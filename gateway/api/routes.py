@@ -23,7 +23,6 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
 from rutster.gateway.admission import REASON_DRAINING, Refused, admit_call
-from rutster.gateway.overload_guard import REASON_NODE_FULL, REASON_NODE_OVERLOADED
 from rutster.gateway.api.api_keys import (
     KeyStoreUnavailable,
     Principal,
@@ -63,6 +62,7 @@ from rutster.gateway.api.validation import (
 )
 from rutster.gateway.control_channel import OPERATION_HANGUP, ControlOutcome
 from rutster.gateway.ingress_provider import DialFailed
+from rutster.gateway.overload_guard import REASON_NODE_FULL, REASON_NODE_OVERLOADED
 from rutster.gateway.state import GatewayState
 from rutster.protocols.call_control import CallControlFailure
 from rutster.protocols.tap import SessionEndReason

@@ -36,7 +36,6 @@ from rutster.base.ws_close import CLOSE_POLICY_VIOLATION
 from rutster.gateway.admission import REASON_DRAINING, Refused, admit_call, grant_stream
 from rutster.gateway.call import Call
 from rutster.gateway.control_channel import ControlOutcome, ControlReply, ControlRequest
-from rutster.gateway.overload_guard import REASON_NODE_FULL, REASON_NODE_OVERLOADED
 from rutster.gateway.ingress_provider import (
     NO_RATES,
     DialFailed,
@@ -46,6 +45,7 @@ from rutster.gateway.ingress_provider import (
 )
 from rutster.gateway.media_session import StreamEnded
 from rutster.gateway.media_socket import refuse
+from rutster.gateway.overload_guard import REASON_NODE_FULL, REASON_NODE_OVERLOADED
 from rutster.gateway.spend_context import BadSpendContext, SpendContext
 from rutster.gateway.state import GatewayState
 from rutster.protocols.call_control import ProviderCallControl
