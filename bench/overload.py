@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import httpx
 import psutil
 
-from bench.vs_pipecat import RATE, SPEECH_WAV, carried, wait_answering
-from rutster.tools.launcher import LOOPBACK, Service, echo_brain_process, gateway_process
+from bench.vs_pipecat import RATE, SPEECH_WAV, carried, rutster_gateway, wait_answering
+from rutster.tools.launcher import LOOPBACK, Service
 from rutster.tools.twilio_simulator import SimulatedCallResult, TwilioSimulator, read_wav_8k
 
 #: This project's dev VM's carried calls per gateway core, default settings
@@ -183,26 +183,18 @@ async def bench(capacity: int, rate: float, seconds: float, guard: bool) -> None
         f"{count} offered per wave, {seconds:.0f} s of recorded speech per call"
     )
     gc.disable()  # the load generator must not be the one that is late
-    with echo_brain_process() as brain:
-        psutil.Process(brain.proc.pid).cpu_affinity(load_cores)
-        env = {
-            "RUTSTER_TAP_URL": f"ws://{LOOPBACK}:{brain.port}/echo",
-            # The node's own limits, not a tenant's cap, are what is measured.
-            "RUTSTER_DEFAULT_MAX_CONCURRENT": "0",
-            "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
-            "TWILIO_AUTH_TOKEN": token,
-            "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
-            "RUTSTER_DRAIN_TIMEOUT_S": str(DRAIN_S),
-            "RUTSTER_OVERLOAD_GUARD": "on" if guard else "off",
-        }
-        with gateway_process(env) as node:
-            psutil.Process(node.proc.pid).cpu_affinity(server_core)
-            url = f"http://{LOOPBACK}:{node.port}"
-            wait_answering(url, node.proc)
-            print("wave 1: overload")
-            await overload_wave(node, url, token, count, rate, pcm)
-            print("wave 2: SIGTERM under load")
-            await sigterm_wave(node, url, token, count, rate, pcm)
+    overrides = {
+        "RUTSTER_DRAIN_TIMEOUT_S": str(DRAIN_S),
+        "RUTSTER_OVERLOAD_GUARD": "on" if guard else "off",
+    }
+    with rutster_gateway(token, load_cores, overrides) as node:
+        psutil.Process(node.proc.pid).cpu_affinity(server_core)
+        url = f"http://{LOOPBACK}:{node.port}"
+        wait_answering(url, node.proc)
+        print("wave 1: overload")
+        await overload_wave(node, url, token, count, rate, pcm)
+        print("wave 2: SIGTERM under load")
+        await sigterm_wave(node, url, token, count, rate, pcm)
 
 
 def main() -> None:

@@ -45,7 +45,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from rutster.tools.launcher import LOOPBACK, echo_brain_process, free_port, gateway_process
+from rutster.tools.launcher import (
+    LOOPBACK,
+    Service,
+    echo_brain_process,
+    free_port,
+    gateway_process,
+)
 from rutster.tools.twilio_simulator import (
     SimulatedCallResult,
     TwilioSimulator,
@@ -215,23 +221,35 @@ def pipecat_server(venv: Path) -> Iterator[tuple[str, psutil.Process]]:
 
 
 @contextlib.contextmanager
-def rutster_server(token: str, load_cores: list[int]) -> Iterator[tuple[str, psutil.Process]]:
-    """``rutster serve`` (default settings) and its echo brain: (its URL, the gateway)."""
+def rutster_gateway(
+    token: str, load_cores: list[int], overrides: dict[str, str] | None = None
+) -> Iterator[Service]:
+    """``rutster serve`` (default settings but ``overrides``) and its echo brain pinned to
+    ``load_cores``: the gateway's process (pin it where the caller wants it)."""
     with echo_brain_process() as brain:
         psutil.Process(brain.proc.pid).cpu_affinity(load_cores)
         env = {
             "RUTSTER_TAP_URL": f"ws://{LOOPBACK}:{brain.port}/echo",
             # The load, not a tenant's cap, is what is measured.
             "RUTSTER_DEFAULT_MAX_CONCURRENT": "0",
-            # Where the node breaks is measured: the overload guard would refuse the
-            # calls past it instead (bench/overload.py measures that).
-            "RUTSTER_OVERLOAD_GUARD": "off",
             "RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR": "0",
             "TWILIO_AUTH_TOKEN": token,
             "RUTSTER_STREAM_SECRET": secrets.token_urlsafe(32),
+            **(overrides or {}),
         }
         with gateway_process(env) as gateway:
-            yield f"http://{LOOPBACK}:{gateway.port}", psutil.Process(gateway.proc.pid)
+            yield gateway
+
+
+@contextlib.contextmanager
+def rutster_server(token: str, load_cores: list[int]) -> Iterator[tuple[str, psutil.Process]]:
+    """The gateway as the side-by-side runs it, and its echo brain: (its URL, the gateway).
+
+    Where the node breaks is measured: its overload guard, which would refuse the calls
+    past that point instead, is off (``bench/overload.py`` measures the guard).
+    """
+    with rutster_gateway(token, load_cores, {"RUTSTER_OVERLOAD_GUARD": "off"}) as gateway:
+        yield f"http://{LOOPBACK}:{gateway.port}", psutil.Process(gateway.proc.pid)
 
 
 def rss_mib(server: psutil.Process) -> float:
