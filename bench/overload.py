@@ -34,7 +34,12 @@ import psutil
 
 from bench.vs_pipecat import RATE, SPEECH_WAV, carried, rutster_gateway, wait_answering
 from rutster.tools.launcher import LOOPBACK, Service
-from rutster.tools.twilio_simulator import SimulatedCallResult, TwilioSimulator, read_wav_8k
+from rutster.tools.twilio_simulator import (
+    CallRefused,
+    SimulatedCallResult,
+    TwilioSimulator,
+    read_wav_8k,
+)
 
 #: This project's dev VM's carried calls per gateway core, default settings
 #: (README, "rutster against Pipecat": its two runs carried 30 and 35).
@@ -66,8 +71,8 @@ async def offer(url: str, token: str, count: int, rate: float, pcm: bytes) -> Wa
         await asyncio.sleep(i / rate)
         try:
             return await TwilioSimulator(url, auth_token=token).place_call(pcm, tail_s=1.0)
-        except ValueError as exc:  # the TwiML had no <Connect><Stream>: refused
-            return "refused" if "<Connect>" in str(exc) else f"failed: {exc}"
+        except CallRefused:  # the TwiML had no <Connect><Stream>: refused
+            return "refused"
         except Exception as exc:
             return f"failed: {type(exc).__name__}: {exc}"
 

@@ -305,22 +305,50 @@ def _print_call_report(report: dict[str, object]) -> None:
         print(f"  reply recorded to      {report['out']}")
 
 
+def call_failure(exc: Exception, gateway_url: str) -> str | None:
+    """What ``rutster call`` tells its user when the call could not be placed (None: an
+    error it does not know, which goes up as it is)."""
+    import httpx  # imported with the simulators, only when a call is placed
+
+    from rutster.tools.twilio_simulator import CallRefused
+
+    if isinstance(exc, CallRefused):
+        return (
+            "the gateway refused the call: its answer had no media stream. Its log says why "
+            "('call refused ...'): e.g. caller_rate, more calls from one number in an hour "
+            "than RUTSTER_DEFAULT_CALLER_CALLS_PER_HOUR allows (20), a budget, the kill "
+            f"switch, or node_overloaded. ({exc})"
+        )
+    if isinstance(exc, httpx.ConnectError | ConnectionRefusedError):
+        return f"no gateway answered at {gateway_url}: is `rutster serve` running there? ({exc})"
+    if isinstance(exc, RuntimeError) and str(exc).startswith("voice webhook answered"):
+        return f"the gateway did not take the webhook: {exc}"
+    return None
+
+
 def cmd_call(args: argparse.Namespace) -> int:
     """Place one simulated call (Twilio's or Telnyx's wire) into a running gateway."""
     _setup_logging("warning")
     token = _auth_token_from_env()
-    report = asyncio.run(
-        _run_call(
-            args.gateway,
-            Path(args.wav),
-            Path(args.out),
-            args.speed,
-            args.seconds,
-            token,
-            args.brain,
-            args.provider,
+    try:
+        report = asyncio.run(
+            _run_call(
+                args.gateway,
+                Path(args.wav),
+                Path(args.out),
+                args.speed,
+                args.seconds,
+                token,
+                args.brain,
+                args.provider,
+            )
         )
-    )
+    except Exception as exc:
+        message = call_failure(exc, args.gateway)
+        if message is None:
+            raise
+        print(f"rutster call: {message}", file=sys.stderr)
+        return 1
     _print_call_report(report)
     return 0
 

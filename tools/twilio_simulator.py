@@ -125,6 +125,19 @@ def signed_headers(auth_token: str | None, url: str, params: Mapping[str, str]) 
     return {SIGNATURE_HEADER: TwilioSignatureValidator(auth_token).compute(url, dict(params))}
 
 
+class CallRefused(ValueError):
+    """The gateway answered the call's webhook with no media stream (a ``<Reject>``, a
+    busy signal, a spoken refusal): ``answer`` is what it sent."""
+
+    def __init__(self, problem: str, answer: str) -> None:
+        super().__init__(f"{problem}; the gateway answered: {answer[:MAX_ANSWER_SHOWN]!r}")
+        self.answer = answer
+
+
+#: How much of a refusing answer a CallRefused message shows.
+MAX_ANSWER_SHOWN = 200
+
+
 def parse_connect_stream(twiml: str) -> StreamInstructions:
     """Extract ``<Connect><Stream url>`` and its ``<Parameter>``s from TwiML."""
     root = ET.fromstring(twiml)
@@ -468,7 +481,10 @@ class TwilioSimulator:
             )
         if response.status_code != 200:
             raise RuntimeError(f"voice webhook answered {response.status_code}: {response.text}")
-        return self._parse_answer(response.text)
+        try:
+            return self._parse_answer(response.text)
+        except ValueError as exc:  # an answer, but no stream in it: the call was refused
+            raise CallRefused(str(exc), response.text) from None
 
     async def connect_media(self, instructions: StreamInstructions) -> ClientConnection:
         """Open the media WebSocket with a signed upgrade, as Twilio does."""
