@@ -123,12 +123,14 @@ def webhook_admission(
     )
 
 
-def note_node_refusal(state: GatewayState, request: AdmissionRequest, reason: str) -> None:
+def note_node_refusal(state: GatewayState, request: AdmissionRequest, reason: str) -> bool:
     """Write a refusal the spend gate never saw to the dashboard's recent refusals, in
-    the background (the caller's answer does not wait on Redis), a few a second at most."""
+    the background (the caller's answer does not wait on Redis), a few a second at most
+    (``RefusalNotes``); True when this one was written down. A flood of refusals is then
+    counted whole in the metric, and costs the loop it protects no more than that."""
     store = state.spend_store
     if store is None or not state.refusal_notes.take(time.monotonic()):
-        return
+        return False
 
     async def note() -> None:
         with contextlib.suppress(StoreUnavailable):
@@ -141,6 +143,7 @@ def note_node_refusal(state: GatewayState, request: AdmissionRequest, reason: st
             )
 
     state.run_in_background(note(), name=f"refusal-note:{reason}")
+    return True
 
 
 async def admit_call(state: GatewayState, request: AdmissionRequest) -> SpendContext | Refused:
@@ -158,16 +161,16 @@ async def admit_call(state: GatewayState, request: AdmissionRequest) -> SpendCon
     reason = state.overload_guard.refusal(len(state.calls), pending)
     if reason is not None:
         metrics.admissions.labels("refused", reason).inc()
-        log.warning(
-            "%s %s call refused: %s (%d live, %d admitted waiting for media; %s)",
-            request.provider,
-            request.direction,
-            reason,
-            len(state.calls),
-            pending,
-            state.overload_guard.reading(),
-        )
-        note_node_refusal(state, request, reason)
+        if note_node_refusal(state, request, reason):  # logged as often as noted
+            log.warning(
+                "%s %s call refused: %s (%d live, %d admitted waiting for media; %s)",
+                request.provider,
+                request.direction,
+                reason,
+                len(state.calls),
+                pending,
+                state.overload_guard.reading(),
+            )
         return Refused(reason)
     state.admitting += 1
     try:

@@ -152,7 +152,8 @@ class OverloadGuard:
 
 
 #: Node refusals (full, overloaded, draining) written to the dashboard's recent-refusals
-#: stream per second at most; the rest are only counted (``rutster_admissions_total``).
+#: stream (and, full or overloaded, logged) per second at most; the rest are only counted
+#: (``rutster_admissions_total``).
 #: Seed decision: the dashboard lists the last few, and a node refusing a flood must not
 #: add a Redis write per refused call to the loop it is protecting.
 NOTED_REFUSALS_PER_S = 5
