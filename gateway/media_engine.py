@@ -4,9 +4,10 @@ One :class:`MediaEngine` per call holds the inbound and outbound transforms,
 the reflex loop (VAD, echo gate, turn-taking, barge-in, played ledger), the
 playout buffer, the pacer, and the mark and clear policy. The reflex loop
 hears both directions as narrowband frames tapped on the wire side of the
-resamplers (:mod:`media.narrowband`): the caller as decoded from the wire, 30
-ms before the brain gets the same audio at 24 kHz, and the assistant as it
-goes onto the wire, the very audio whose echo can come back. It reads no clock
+resamplers (:mod:`media.narrowband`): the caller as decoded from the wire,
+before the resampler's delay (2.6 ms with the default polyphase filter, 30 ms
+with soxr's) and before the 24 kHz framing, and the assistant as it goes onto
+the wire, the very audio whose echo can come back. It reads no clock
 and touches no socket, in the manner of h11's ``Connection``: the driver
 feeds it what happened, with the time, and carries out the commands it
 returns.

@@ -1,17 +1,21 @@
 """The reflex loop's view of a call: the wire's audio as 20 ms frames of 8 kHz telephone band.
 
-The brain hears the caller at the canonical 24 kHz, through soxr's steady
-resampler (:mod:`media.resample`), which holds 30 ms (8 -> 24 kHz) and 25 ms
-(24 -> 8 kHz). The reflex loop (VAD, echo gate, barge-in) has no use for
-either rate change: what the caller's line carries is the telephone band, and
-what the assistant's echo can hold is what was put on the wire. So the
-engine taps both directions on the wire side of the resamplers:
+The brain hears the caller at the canonical 24 kHz, through the call's
+resampler (:mod:`media.resample`: the polyphase filter by default, which holds
+2.6 ms each way at 8 <-> 24 kHz; soxr's steady engine, 30 ms in and 25 ms out,
+where the ratio is not a small integer). The reflex loop (VAD, echo gate,
+barge-in) has no use for either rate change: what the caller's line carries
+is the telephone band, and what the assistant's echo can hold is what was put
+on the wire. So the engine taps both directions on the wire side of the
+resamplers:
 
 - caller audio as decoded from the wire, before it is resampled up;
 - assistant audio as it goes onto the wire, after it is resampled down.
 
-Measured on the reflex rig (``bench/reflex.py``, tune split): the inbound tap
-alone moves every barge-in 30 ms earlier, the resampler's whole latency.
+Measured on the reflex rig (``bench/reflex.py``, tune split), when calls
+resampled with soxr's steady engine: the inbound tap alone moved every
+barge-in 30 ms earlier, that resampler's whole latency. The tap also spares
+the reflex loop the resamplers' filters, whichever engine runs.
 
 :class:`NarrowbandTap` turns PCM16 at the wire's rate, in chunks of any
 length, into :data:`~media.formats.NARROWBAND_FRAME_BYTES` frames of s16le at
