@@ -336,6 +336,23 @@ LINE_CANCELLER = True
 #: DELAY_UPDATE_MS) would search a clean line for ever. Seed decision; the tune
 #: split's figures were the same with and without it.
 LINE_CANCELLER_SKIP_ERL_DB = 30.0
+#: Whole-range alignments that may fail in a row, one every DELAY_UPDATE_MS, before
+#: they are spaced out: the first second of an answer's echo is searched as
+#: closely as ever (seed decision: with no such allowance the tune split's echo
+#: lines heard some first answers' callers later, the 6 dB line's pause P95 250 ->
+#: 270 ms).
+LINE_CANCELLER_SEARCHES_BEFORE_BACKOFF = 5
+#: Longest wait between whole-range alignments that keep failing: past
+#: LINE_CANCELLER_SEARCHES_BEFORE_BACKOFF, each failure doubles the wait from
+#: DELAY_UPDATE_MS up to this. A success, an echo path forgotten, or render silent
+#: over the whole lag range (the next answer's echo is a new search) starts again.
+#: A line with noise over -60 dBFS keeps its proven ERL under
+#: LINE_CANCELLER_SKIP_ERL_DB (render less that noise), so a line with no echo at
+#: all was searched every DELAY_UPDATE_MS for as long as the assistant spoke: on a
+#: -45 dBFS noise line the gate cost 56-58 µs a frame against 17 at -75 dBFS
+#: (measured on the rig, 2026-12-06), and the echo brain's callers, who hear
+#: themselves back, pay it on every frame. Seed decision; checked on the tune split.
+LINE_CANCELLER_SEARCH_BACKOFF_MS = 1600.0
 #: How far the canceller's residual must stand above the echo it should leave
 #: (its echo estimate less its ERLE) to be the caller. Chosen on the tune split's
 #: recorded calls: 6 / 9 / 12 dB left 15 / 10 / 9 two-frame near-end runs on echo
@@ -654,6 +671,10 @@ class EchoGate:
         "_lags_clean",
         "_lec",
         "_lec_aligned_for",
+        "_lec_search_backoff",
+        "_lec_search_failures",
+        "_lec_search_longest",
+        "_lec_search_wait",
         "_margin",
         "_min_erl",
         "_min_erl_evidence",
@@ -729,6 +750,14 @@ class EchoGate:
         self._canceller = _new_canceller() if config.canceller else None
         # AEC3, when it runs, already takes the echo out of what is judged.
         self._lec = LineEchoCanceller() if config.line_canceller and not config.canceller else None
+        # Whole-range alignments: updates to wait before the next, the wait after the
+        # next failure, and failures in a row (see LINE_CANCELLER_SEARCH_BACKOFF_MS).
+        self._lec_search_wait = 0
+        self._lec_search_backoff = 1
+        self._lec_search_failures = 0
+        self._lec_search_longest = max(
+            1, round(LINE_CANCELLER_SEARCH_BACKOFF_MS / (self._update_every * FRAME_MS))
+        )
         self._init_state()
 
     def _init_state(self) -> None:
@@ -1084,7 +1113,9 @@ class EchoGate:
         correlation needs), over the whole lag range, while render is audible
         and the canceller has no delay or no longer cancels well: a waveform
         that correlates with the render at one offset is echo, whoever else is
-        talking.
+        talking. Past ``LINE_CANCELLER_SEARCHES_BEFORE_BACKOFF`` searches in a
+        row that found nothing, they are spaced out, up to
+        ``LINE_CANCELLER_SEARCH_BACKOFF_MS`` apart, until render falls silent.
         """
         lec = self._lec
         if lec is None:
@@ -1100,10 +1131,28 @@ class EchoGate:
             return
         lo, hi = self._lag_min, self._lag_max + self._spread
         if float(self._render_env.window(slot - lo, hi - lo + 1).max()) <= _ENVELOPE_FLOOR_DBFS:
+            self._restart_search()  # nothing played that can echo now: the next is new
+            return
+        if self._lec_search_wait > 0:
+            self._lec_search_wait -= 1  # the last searches found nothing: back off
             return
         low_ms, high_ms = lo * FRAME_MS, hi * FRAME_MS
-        lec.align((low_ms + high_ms) / 2, (high_ms - low_ms) / 2)
+        if lec.align((low_ms + high_ms) / 2, (high_ms - low_ms) / 2):
+            self._restart_search()
+        else:
+            self._lec_search_failures += 1
+            if self._lec_search_failures >= LINE_CANCELLER_SEARCHES_BEFORE_BACKOFF:
+                self._lec_search_wait = self._lec_search_backoff
+                self._lec_search_backoff = min(
+                    2 * self._lec_search_backoff, self._lec_search_longest
+                )
         self._lec_aligned_for = None
+
+    def _restart_search(self) -> None:
+        """Whole-range alignments at full rate again (LINE_CANCELLER_SEARCH_BACKOFF_MS)."""
+        self._lec_search_wait = 0
+        self._lec_search_backoff = 1
+        self._lec_search_failures = 0
 
     def _coherence(
         self, slot: int, wave: npt.NDArray[np.float32] | None = None
@@ -1138,6 +1187,8 @@ class EchoGate:
         self._delay: int | None = None
         if self._lec is not None:
             self._lec.forget()
+        # A new echo path may be anywhere: search for it at once again.
+        self._restart_search()
         self._forget_evidence()
         self._erl = self._min_erl
         self._proof.fill(-math.inf)
