@@ -207,7 +207,7 @@ class MediaEngine:
 
         A call's objects sit in reference cycles (callbacks, the bus, cancelled tasks'
         tracebacks), so they are freed only by the cyclic GC's full collections, seconds
-        to minutes later; under call churn the dead calls' audio history (~0.8 MiB each
+        to minutes later; under call churn the dead calls' audio history (~0.55 MiB each
         in the echo gate) piled up (the hostile campaign's RSS plateau, bench/
         hostile_campaign.py). Counters stay readable.
         """

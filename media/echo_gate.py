@@ -989,8 +989,8 @@ class EchoGate:
     def close(self) -> None:
         """The call is over: free its audio history now. The gate must not be used again.
 
-        What goes is most of a gate's memory (~0.8 MiB: the render waveform ring and
-        the line canceller's 4 s timelines). A call's objects sit in reference cycles
+        What goes is most of a gate's memory (~0.55 MiB: the render waveform ring and
+        the line canceller's 4 s of render). A call's objects sit in reference cycles
         (callbacks, cancelled tasks' tracebacks), so without this they wait for the
         cyclic GC's full collection, and under call churn dead calls piled up
         (gateway/media_engine.py MediaEngine.close).

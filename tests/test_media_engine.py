@@ -293,7 +293,8 @@ def test_a_brain_late_mid_reply_is_won_back_within_3_s(late_ms: float, speech_pc
 def test_a_closed_engine_frees_its_audio_history_at_once_and_ignores_what_comes_after() -> None:
     # A call's objects sit in reference cycles, so without close() the echo gate's
     # buffers waited for the cyclic GC's next full pass: under call churn the dead
-    # calls' ~0.8 MiB each piled up (the hostile campaign's RSS plateau).
+    # calls' ~0.8 MiB each (~0.55 MiB since the line canceller keeps only the capture
+    # one alignment reads) piled up (the hostile campaign's RSS plateau).
     tracemalloc.start()
     try:
         engine = new_engine()
@@ -305,7 +306,7 @@ def test_a_closed_engine_frees_its_audio_history_at_once_and_ignores_what_comes_
         freed = held - tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert freed >= 700 * 1024, f"freed only {freed} bytes"
+    assert freed >= 500 * 1024, f"freed only {freed} bytes"
     frames_in = engine.frames_in
     assert engine.on_ingress(AudioReceived(bytes(160), None), 2000.0) == []
     assert engine.poll(2000.0) == []
