@@ -852,6 +852,8 @@ class EchoGate:
                 self._capture_env.silence(head + 1, slot - 1)
                 self._judged_env.silence(head + 1, slot - 1)
                 self._forget_delay(slot - 1)
+                if self._lec is not None:
+                    self._lec.restart_capture()
             else:
                 slot = head + 1
         self._capture_head = slot

@@ -318,6 +318,18 @@ class LineEchoCanceller:
         self.delay = None
         self._restart()
 
+    def restart_capture(self) -> None:
+        """Caller audio went missing: lay the next capture frame by its own arrival time.
+
+        The capture timeline is otherwise contiguous (late frames are placed one after
+        another), while render is laid by send time: after audio lost, a timeline run on
+        from before the gap would put every echo that much off where it is looked for.
+        The delay and the fit go too (:meth:`forget`).
+        """
+        self._capture.fill(0.0)
+        self._capture_end = None
+        self.forget()
+
     def _restart(self) -> None:
         self._r.fill(0.0)
         self._p.fill(0.0)

@@ -448,6 +448,27 @@ def test_capture_gap_restarts_the_timeline(assistant: list[bytes]) -> None:
     assert gate.delay_ms is None and gate.erl_db == MIN_ERL_DB
 
 
+def test_the_line_canceller_follows_the_echo_again_after_caller_audio_went_missing(
+    assistant: list[bytes],
+) -> None:
+    """1.5 s of caller audio lost mid-call (more than CAPTURE_RESYNC_MS): the gate restarts
+    its timeline at the next frame's arrival, and so must the line canceller, whose
+    render is laid by send time: on a capture timeline that ran on from before the gap,
+    every echo sat 1.5 s off where it was looked for."""
+    line = simulate(assistant, rtt_ms=200, erl_db=10.0)
+    lost = range(200, 275)  # 4.0-5.5 s of the call
+    gapped = Line(
+        render=line.render,
+        capture=[c for k, c in enumerate(line.capture) if k not in lost],
+        echo_dbfs=np.delete(line.echo_dbfs, list(lost)),
+        caller_dbfs=np.delete(line.caller_dbfs, list(lost)),
+    )
+    gate = EchoGate()
+    run(gate, gapped)
+    assert gate.delay_ms is not None
+    assert gate._lec is not None and gate._lec.trusted
+
+
 @pytest.mark.parametrize(
     "bad",
     [
