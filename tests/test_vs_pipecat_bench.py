@@ -93,3 +93,17 @@ def test_the_cost_per_call_over_idle_and_its_spread_over_the_levels_carried() ->
         "the highest 14 % above the lowest (issue 18: within 20 %)"
     )
     assert "fewer than two levels" in cost_spread(rows, 10)
+
+
+def limited(calls: int, lag_p99: float, rss_mib: float = 1.0) -> LevelResult:
+    return LevelResult("rutster", calls, calls, 50.0, 1.0, rss_mib, [50.0] * 98 + [lag_p99] * 2)
+
+
+def test_the_goals_limits_on_latency_and_memory_bound_the_level_credited() -> None:
+    rows = [limited(10, 90.0), limited(20, 110.0), limited(30, 180.0), limited(40, 100.0)]
+    assert largest_carried(rows) == 40  # every call carried at every level
+    # Lag P99 over 120 ms at 30: neither 30 nor the luckier 40 count against the limits.
+    assert largest_carried(rows, within_limits=True) == 20
+    # Over 1 MiB of RSS a call (12 MiB over 10 calls) is outside the limits too.
+    assert largest_carried([limited(10, 90.0, rss_mib=12.0)], within_limits=True) == 0
+    assert largest_carried([limited(10, 90.0, rss_mib=9.0)], within_limits=True) == 10
