@@ -658,17 +658,22 @@ def test_erl_rise_is_bounded_per_second(
         assert len(set(delays)) <= 1
 
 
-def test_an_echo_path_appearing_mid_call_is_followed(assistant: list[bytes]) -> None:
-    """A clean line turning into a 10 dB echo (speakerphone): false frames stop within 3.5 s."""
-    before = simulate(assistant, rtt_ms=200, erl_db=200.0)
-    after = simulate(assistant, rtt_ms=200, erl_db=10.0)
-    change = 400
-    line = Line(
+def _echo_appearing(assistant: list[bytes], change: int, noise_dbfs: float = NOISE_DBFS) -> Line:
+    """A clean line that turns into a 10 dB echo at frame ``change`` (speakerphone)."""
+    before = simulate(assistant, rtt_ms=200, erl_db=200.0, noise_dbfs=noise_dbfs)
+    after = simulate(assistant, rtt_ms=200, erl_db=10.0, noise_dbfs=noise_dbfs)
+    return Line(
         render=before.render,
         capture=before.capture[:change] + after.capture[change:],
         echo_dbfs=np.concatenate([before.echo_dbfs[:change], after.echo_dbfs[change:]]),
         caller_dbfs=before.caller_dbfs,
     )
+
+
+def test_an_echo_path_appearing_mid_call_is_followed(assistant: list[bytes]) -> None:
+    """A clean line turning into a 10 dB echo (speakerphone): false frames stop within 3.5 s."""
+    change = 400
+    line = _echo_appearing(assistant, change)
     verdicts = run(EchoGate(), line)
     flags = near_end(verdicts) & (line.echo_dbfs >= NEAR_END_FLOOR_DBFS)
     # Until the delay is found (the correlation window, 3 s) the new echo is
@@ -711,15 +716,8 @@ def test_a_noisy_line_with_no_echo_is_not_searched_every_update(assistant: list[
 
 def test_an_echo_appearing_on_a_noisy_line_is_still_found(assistant: list[bytes]) -> None:
     """Searches backed off on a noisy clean line still find an echo that appears later."""
-    before = simulate(assistant, rtt_ms=200, erl_db=200.0, noise_dbfs=-45.0)
-    after = simulate(assistant, rtt_ms=200, erl_db=10.0, noise_dbfs=-45.0)
     change = 400
-    line = Line(
-        render=before.render,
-        capture=before.capture[:change] + after.capture[change:],
-        echo_dbfs=np.concatenate([before.echo_dbfs[:change], after.echo_dbfs[change:]]),
-        caller_dbfs=before.caller_dbfs,
-    )
+    line = _echo_appearing(assistant, change, noise_dbfs=-45.0)
     gate = EchoGate()
     verdicts = run(gate, line)
     flags = near_end(verdicts) & (line.echo_dbfs >= NEAR_END_FLOOR_DBFS)
