@@ -857,3 +857,31 @@ def test_the_vad_hears_the_frame_where_nothing_was_played(
     frames = _to_narrowband(caller)[:50]
     verdicts = [gate.capture(f, (k + 1) * FRAME_MS) for k, f in enumerate(frames)]
     assert all(v.vad_frame == f for v, f in zip(verdicts, frames, strict=True))
+
+
+def test_an_echo_path_moving_under_a_trusted_line_canceller_stays_echo(
+    assistant: list[bytes],
+) -> None:
+    """A 6 dB echo at 200 ms moving to 10 dB at 450 ms, the line canceller trusted on the first.
+
+    The canceller's residual then holds the new echo less the old path's prediction, a
+    copy of neither lag (0.35-0.45 measured on the reflex rig), so the copy check on the
+    residual alone let the moved echo through as the caller: a run the reflex loop paused
+    and cut the assistant on. The frame as heard is a copy at the new lag; believed only
+    there, away from the known delay, it drops the old path.
+    """
+    before = simulate(assistant, rtt_ms=200, erl_db=6.0)
+    after = simulate(assistant, rtt_ms=450, erl_db=10.0)
+    change = 400
+    line = Line(
+        render=before.render,
+        capture=before.capture[:change] + after.capture[change : len(before.capture)],
+        echo_dbfs=np.concatenate([before.echo_dbfs[:change], after.echo_dbfs[change:]]),
+        caller_dbfs=before.caller_dbfs,
+    )
+    first = EchoGate()
+    run(first, Line(before.render, before.capture[:change], before.echo_dbfs, before.caller_dbfs))
+    assert first._lec is not None and first._lec.trusted  # the first path, cancelled
+    verdicts = run(EchoGate(), line)
+    flags = near_end(verdicts) & (line.echo_dbfs[: len(verdicts)] >= NEAR_END_FLOOR_DBFS)
+    assert longest_run(flags[change:]) <= 2  # 83 frames before the heard-copy check
