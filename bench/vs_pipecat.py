@@ -342,12 +342,16 @@ def largest_carried(rows: list[LevelResult], *, within_limits: bool = False) -> 
 def cost_spread(rows: list[LevelResult], carried_up_to: int) -> str:
     """How much the CPU per call (over idle) moved across the levels carried whole
     (issue 18: flat within 20 % from 10 calls to the most carried)."""
-    costs = [r.per_call_above_idle for r in rows if 10 <= r.calls <= carried_up_to]
+    spread = [r for r in rows if 10 <= r.calls <= carried_up_to]
+    costs = [r.per_call_above_idle for r in spread]
     if len(costs) < 2 or min(costs) <= 0:
         return "CPU per call over idle: fewer than two levels of 10 calls or more carried"
     low, high = min(costs), max(costs)
+    # The levels this run measured: a run of --levels 30,35 says 30 to 35, not 10 to 35.
+    first = min(r.calls for r in spread)
     return (
-        f"CPU per call over idle, levels of 10 to {carried_up_to} calls: {low:.2f}-{high:.2f} %, "
+        f"CPU per call over idle, levels of {first} to {carried_up_to} calls (those measured): "
+        f"{low:.2f}-{high:.2f} %, "
         f"the highest {100 * (high / low - 1):.0f} % above the lowest (issue 18: within 20 %)"
     )
 

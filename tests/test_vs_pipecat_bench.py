@@ -89,10 +89,14 @@ def test_the_cost_per_call_over_idle_and_its_spread_over_the_levels_carried() ->
     assert rows[3].per_call_above_idle == pytest.approx(3.0)
     # 5 calls is below the issue's range; 30 is not carried whole here (up to 20).
     assert cost_spread(rows, 20) == (
-        "CPU per call over idle, levels of 10 to 20 calls: 3.50-4.00 %, "
+        "CPU per call over idle, levels of 10 to 20 calls (those measured): 3.50-4.00 %, "
         "the highest 14 % above the lowest (issue 18: within 20 %)"
     )
     assert "fewer than two levels" in cost_spread(rows, 10)
+    # A run that began above 10 calls names the levels it measured.
+    assert cost_spread(rows[2:], 30).startswith(
+        "CPU per call over idle, levels of 20 to 30 calls (those measured): 3.00-3.50 %"
+    )
 
 
 def limited(calls: int, lag_p99: float, rss_mib: float = 1.0) -> LevelResult:
