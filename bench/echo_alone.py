@@ -8,7 +8,8 @@ production per-call engine (``tests/support/engine_rig.py``,
 ``gateway/media_engine.py``), with nobody on the caller's side, and counts what the
 caller would hear:
 
-- *levels*: the assistant at :data:`VOICE_LEVELS_DBFS` over echo lines of
+- *levels*: the assistant at :data:`VOICE_LEVELS_DBFS` (the loudest as far as
+  each voice's peaks allow) over echo lines of
   :data:`LOSSES_DB` return loss and :data:`DELAYS_MS` delay, on a quiet line
   (:data:`QUIET_LINE_DBFS`);
 - *noisy*: the voice at :data:`VOICE_DBFS` over echo lines that also carry line
@@ -41,7 +42,9 @@ from rutster.protocols.tap import SpeechStarted
 from tests.support.engine_rig import RATE, EchoPath, ReflexRig
 
 #: Active level of the assistant's voice on the line it is sent down (dBFS): a loud
-#: brain, bench/reflex.py's voices (-18), and a quiet one. Seed decision.
+#: brain, bench/reflex.py's voices (-18), and a quiet one. Seed decision. The corpus's
+#: scale_to_dbfs never clips, so -10 is reached only as far as a voice's peaks allow
+#: (-12 to -18 dBFS on the corpus's voices): the label says "at most".
 VOICE_LEVELS_DBFS = (-10.0, -18.0, -26.0)
 #: The voice level of the noisy and moved groups: bench/reflex.py's.
 VOICE_DBFS = -18.0
@@ -72,8 +75,10 @@ class Condition:
     moves_to: tuple[float, float] | None = None
 
     def label(self) -> str:
+        loud = "at most " if self.voice_dbfs > VOICE_DBFS else ""
         text = (
-            f"voice {self.voice_dbfs:.0f} dBFS, echo {self.loss_db:.0f} dB {self.delay_ms:.0f} ms, "
+            f"voice {loud}{self.voice_dbfs:.0f} dBFS, echo {self.loss_db:.0f} dB "
+            f"{self.delay_ms:.0f} ms, "
             f"noise {self.noise_dbfs:.0f} dBFS"
         )
         if self.moves_to is not None:

@@ -51,7 +51,10 @@ caller talks over every reply :data:`OFFSETS_MS` into it, with utterances of
 - *reflex CPU*: everything the engine does (caller frames, render side,
   polls, brain audio) per simulated second, as % of one core per call.
 
-Usage: ``python -m bench.reflex [--split heldout|tune] [--quick]`` (from the checkout)
+``--lines hard`` runs ten harder lines instead (:data:`HARD_LINES`).
+
+Usage: ``python -m bench.reflex [--split heldout|tune] [--lines standard|hard] [--quick]``
+(from the checkout)
 """
 
 from __future__ import annotations
@@ -118,16 +121,30 @@ PLAYOUT_S = 40.0
 SEED = 2026
 
 
+#: The echo path a changing line moves to halfway through: 400 ms, 10 dB.
+MID_CALL_ECHO = (400.0, 10.0)
+
+
 @dataclass(frozen=True)
 class Line:
-    """A phone line: its noise floor and echo path(s)."""
+    """A phone line: its noise floor and echo path(s), and the assistant's level on it."""
 
     name: str
     noise_dbfs: float = -75.0
     delay_ms: float = 200.0
     loss_db: float | None = None
-    #: Whether the echo path changes halfway through (to MID_CALL_ECHO).
+    #: Whether the echo path changes halfway through (to ``moves_to``).
     changes: bool = False
+    #: The path (delay ms, loss dB) a changing line moves to.
+    moves_to: tuple[float, float] = MID_CALL_ECHO
+    #: The assistant's voice level on this line (dBFS); None: as the voices come (-18).
+    #: scale_to_dbfs never clips, so a loud level is reached only as far as a voice's
+    #: peaks allow: -10 asked gives -12 to -18 dBFS on the corpus's voices.
+    voice_dbfs: float | None = None
+
+    def voice(self, pcm24: bytes) -> bytes:
+        """The assistant's voice as this line carries it (``voice_dbfs``)."""
+        return pcm24 if self.voice_dbfs is None else scale_to_dbfs(pcm24, self.voice_dbfs)
 
 
 #: The lines (the issue): clean, line noise, echo at 6-30 dB over 80-500 ms, and
@@ -142,8 +159,30 @@ LINES = (
     Line("echo 30 dB 500 ms", delay_ms=500.0, loss_db=30.0),
     Line("echo 30->10 dB mid-call", delay_ms=150.0, loss_db=30.0, changes=True),
 )
-#: The echo path the mid-call line changes to halfway through: 400 ms, 10 dB.
-MID_CALL_ECHO = (400.0, 10.0)
+#: Harder lines (``--lines hard``, 2026-12-06), where bench/echo_alone.py's grid found
+#: faults the lines above do not show: echo under line noise, echo paths that move
+#: to a louder, shorter or quieter path, and a loud assistant over strong echo (as loud
+#: as each voice's peaks allow, at most -10 dBFS).
+HARD_LINES = (
+    Line("noise -50, echo 10 dB 400", noise_dbfs=-50.0, delay_ms=400.0, loss_db=10.0),
+    Line("noise -45, echo 20 dB 120", noise_dbfs=-45.0, delay_ms=120.0, loss_db=20.0),
+    Line("noise -50, echo 30 dB 400", noise_dbfs=-50.0, delay_ms=400.0, loss_db=30.0),
+    Line("noise -60, echo 6 dB 250", noise_dbfs=-60.0, delay_ms=250.0, loss_db=6.0),
+    Line(
+        "6 dB 200 -> 10 dB 450", delay_ms=200.0, loss_db=6.0, changes=True, moves_to=(450.0, 10.0)
+    ),
+    Line(
+        "10 dB 450 -> 6 dB 200", delay_ms=450.0, loss_db=10.0, changes=True, moves_to=(200.0, 6.0)
+    ),
+    Line(
+        "20 dB 300 -> 30 dB 100", delay_ms=300.0, loss_db=20.0, changes=True, moves_to=(100.0, 30.0)
+    ),
+    Line(
+        "30 dB 100 -> 6 dB 200", delay_ms=100.0, loss_db=30.0, changes=True, moves_to=(200.0, 6.0)
+    ),
+    Line("loud voice, echo 6 dB 250", delay_ms=250.0, loss_db=6.0, voice_dbfs=-10.0),
+    Line("loud voice, echo 10 dB 500", delay_ms=500.0, loss_db=10.0, voice_dbfs=-10.0),
+)
 
 
 @dataclass
@@ -261,7 +300,7 @@ def run_call(line: Line, caller: list[Utterance], voice: bytes, tally: Tally) ->
     seconds = 2.0 + sum(len(p) / 2 / RATE * 2 + REPLY_MS / 1000 + 5.0 for p in scaled)
     changes: tuple[EchoPath, ...] = ()
     if line.changes:
-        changes = (EchoPath(seconds / 2, *MID_CALL_ECHO),)
+        changes = (EchoPath(seconds / 2, *line.moves_to),)
     interrupting = InterruptingCaller(plan, recovery=scaled[0], done_after_ms=CALL_TAIL_MS)
     rig = ReflexRig(
         seconds=seconds,
@@ -269,7 +308,7 @@ def run_call(line: Line, caller: list[Utterance], voice: bytes, tally: Tally) ->
         echo_loss_db=line.loss_db,
         noise_dbfs=line.noise_dbfs,
         echo_changes=changes,
-        brain=ScriptedBrain([voice], think_ms=THINK_MS),
+        brain=ScriptedBrain([line.voice(voice)], think_ms=THINK_MS),
         caller=interrupting,
         config=CONFIG,
         echo_canceller=CANCELLER,
@@ -333,10 +372,11 @@ def false_run(
         echo_delay_ms=line.delay_ms,
         echo_loss_db=line.loss_db,
         noise_dbfs=line.noise_dbfs,
-        echo_changes=(EchoPath(PLAYOUT_S / 2, *MID_CALL_ECHO),) if line.changes else (),
+        echo_changes=(EchoPath(PLAYOUT_S / 2, *line.moves_to),) if line.changes else (),
         config=CONFIG,
         echo_canceller=CANCELLER,
     )
+    voice = line.voice(voice)
     reps = int(PLAYOUT_S * RATE * 2 // len(voice)) + 1
     rig.say((voice * reps)[: int(PLAYOUT_S * RATE) * 2], "reply", at_s=0.5)
     if noises:
@@ -352,7 +392,13 @@ def false_run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--split", choices=("heldout", "tune"), default="heldout")
-    parser.add_argument("--quick", action="store_true", help="two speakers, four lines")
+    parser.add_argument("--quick", action="store_true", help="two speakers, half the lines")
+    parser.add_argument(
+        "--lines",
+        choices=("standard", "hard"),
+        default="standard",
+        help="the issue's eight lines, or ten harder ones (HARD_LINES)",
+    )
     parser.add_argument(
         "--pause-on",
         choices=[p.value for p in PauseOn],
@@ -380,7 +426,8 @@ def main() -> None:
     for u in utterances(args.split):
         speakers.setdefault(u.speaker, []).append(u)
     noises = noise_bursts(args.split)
-    lines = LINES[::2] if args.quick else LINES
+    chosen = LINES if args.lines == "standard" else HARD_LINES
+    lines = chosen[::2] if args.quick else chosen
     names = sorted(speakers)[:2] if args.quick else sorted(speakers)
     voices = assistant_voices(speakers)
     rule = repr(CONFIG.pause_on.value)
@@ -458,7 +505,9 @@ def main() -> None:
         f"{'line':26} {'echo alone: pauses/min':>22} {'cuts/min':>8} "
         f"{'noise alone: pauses/min':>23} {'cuts/min':>8}"
     )
-    false_lines = [line for line in lines if line.loss_db is not None] + [LINES[0], LINES[2]]
+    false_lines = [line for line in lines if line.loss_db is not None]
+    if args.lines == "standard":
+        false_lines += [LINES[0], LINES[2]]  # clean, and noise without echo
     sums: dict[str, list[float]] = {"echo": [0, 0, 0.0], "noise": [0, 0, 0.0]}
     for line in false_lines:
         rates: list[tuple[float, float]] = []

@@ -670,3 +670,22 @@ def test_loud_sound_the_vad_barely_hears_still_never_cuts() -> None:
     assert rig.of_type("barge_in_paused") and rig.of_type("barge_in_resumed"), rig.states()
     assert not [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted]
     assert not rig.of_type("barge_in_confirmed")
+
+
+def test_the_hard_lines_move_their_echo_and_set_the_assistants_level() -> None:
+    # bench/reflex.py --lines hard: each changing line moves to its own path, and a
+    # line's voice level is what the brain's replies are sent at.
+    from bench.eval_corpus import active_level_dbfs, utterances
+    from bench.reflex import HARD_LINES, Tally, assistant_voices, run_call
+
+    speakers: dict[str, list[Utterance]] = {}
+    for u in utterances("tune"):
+        speakers.setdefault(u.speaker, []).append(u)
+    voice = dict(assistant_voices(speakers))["aepyx"]
+    moved = next(line for line in HARD_LINES if line.name == "10 dB 450 -> 6 dB 200")
+    rig = run_call(moved, speakers["espeak"][:2], voice, Tally())
+    assert [(p.delay_ms, p.loss_db) for p in rig.paths] == [(450.0, 10.0), (200.0, 6.0)]
+    loud = next(line for line in HARD_LINES if line.voice_dbfs == -10.0)
+    # Louder than the voices come (-18), as far as the peaks allow (never clipped).
+    assert -18.0 + 1.0 < active_level_dbfs(loud.voice(voice)) <= -10.0 + 0.5
+    assert moved.voice(voice) is voice  # no level set: the voice as it comes
