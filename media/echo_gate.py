@@ -78,6 +78,10 @@ still hear a caller who talks over the assistant (double talk).
    compared as waveforms with the render (as the coherence test above): a
    copy of what was played (``echo_copy`` or more) is echo the ERL in use did
    not predict (the path turned louder or moved mid-call) and is not near end.
+   With a delay known and nothing played around it, such frames are checked
+   too when something was played elsewhere in the lag range: a copy at another
+   lag is a path that moved (shorter, or the delay was wrong), and the delay
+   goes (:meth:`EchoGate._moved_echo`).
 
 6. The line echo canceller (:mod:`media.line_echo`, ``line_canceller``, on
    by default) subtracts its linear prediction of the echo, sample by sample
@@ -903,6 +907,14 @@ class EchoGate:
         if render_peak <= _ENVELOPE_FLOOR_DBFS:
             echo = DIGITAL_SILENCE_DBFS
             near_end = level >= self._near_end_floor
+            if (
+                near_end
+                and delay is not None
+                and self._checked_run < COPY_CHECK_FRAMES
+                and level >= COHERENCE_FLOOR_DBFS
+                and self._moved_echo(slot, delay)
+            ):
+                near_end = False
         else:
             # No delay yet: the echo may be at any lag, each with its own proven
             # ERL (a lag whose render was loud while the line stayed quiet carries
@@ -1119,6 +1131,28 @@ class EchoGate:
             np.minimum(weakest[shift:], lag_erl[:-shift], out=weakest[shift:])
             np.minimum(weakest[:-shift], lag_erl[shift:], out=weakest[:-shift])
         return float((loudest - weakest).max())
+
+    def _moved_echo(self, slot: int, delay: int) -> bool:
+        """Whether a frame heard while nothing was played around the known delay is a
+        copy of what was played at another lag: the echo path moved (a shorter route,
+        a caller switching to speakerphone). Then the old delay goes.
+
+        Nothing played around the delay would make every such frame near end, so a
+        path that moved to a shorter delay was heard as the caller at the start of
+        every answer (bench/reflex.py --lines hard, tune split: a 6 dB echo at 200 ms
+        where 450 ms was learned paused and cut the assistant). Counts toward the
+        run's COPY_CHECK_FRAMES when it is no such copy.
+        """
+        spread = self._spread
+        lo, hi = self._lag_min, self._lag_max + spread
+        if float(self._render_env.window(slot - lo, hi - lo + 1).max()) <= _ENVELOPE_FLOOR_DBFS:
+            return False  # nothing played over the whole lag range: nothing to copy
+        best, lag = self._coherence(slot)
+        if best >= self._config.echo_copy and abs(lag - delay) > spread + 1:
+            self._forget_delay(slot)
+            return True
+        self._checked_run += 1
+        return False
 
     def _noise_floor(self, slot: int) -> float:
         """The quietest frame heard over the last ``COHERENCE_NOISE_WINDOW_MS`` (dBFS)."""

@@ -885,3 +885,31 @@ def test_an_echo_path_moving_under_a_trusted_line_canceller_stays_echo(
     verdicts = run(EchoGate(), line)
     flags = near_end(verdicts) & (line.echo_dbfs[: len(verdicts)] >= NEAR_END_FLOOR_DBFS)
     assert longest_run(flags[change:]) <= 2  # 83 frames before the heard-copy check
+
+
+def test_an_echo_path_moving_to_a_shorter_delay_is_found_where_nothing_was_expected(
+    assistant: list[bytes],
+) -> None:
+    """A 10 dB echo at 450 ms moving to 6 dB at 200 ms.
+
+    Where the render around the learned delay is silent (the start of a word after a
+    pause), the gate expected no echo, and the new path's earlier echo passed for the
+    caller: on the reflex rig it paused and cut the assistant at an answer's start. A
+    frame heard then is checked for a copy at another lag (EchoGate._moved_echo).
+    """
+    before = simulate(assistant, rtt_ms=450, erl_db=10.0)
+    after = simulate(assistant, rtt_ms=200, erl_db=6.0)
+    # In the assistant's 600 ms gap (frames 300-330): nothing can tell the move before
+    # its reply starts from silence, and its first syllables echo 250 ms before the
+    # learned delay expects anything.
+    change = 315
+    line = Line(
+        render=before.render,
+        capture=before.capture[:change] + after.capture[change : len(before.capture)],
+        echo_dbfs=np.concatenate([before.echo_dbfs[:change], after.echo_dbfs[change:]]),
+        caller_dbfs=before.caller_dbfs,
+    )
+    verdicts = run(EchoGate(), line)
+    assert verdicts[change - 1].delay_ms is not None  # the first path was learned
+    flags = near_end(verdicts) & (line.echo_dbfs[: len(verdicts)] >= NEAR_END_FLOOR_DBFS)
+    assert longest_run(flags[change:]) <= 2  # 11 frames before EchoGate._moved_echo
