@@ -859,6 +859,22 @@ def test_the_vad_hears_the_frame_where_nothing_was_played(
     assert all(v.vad_frame == f for v, f in zip(verdicts, frames, strict=True))
 
 
+def _path_moving(
+    assistant: list[bytes], first: tuple[int, float], then: tuple[int, float], change: int
+) -> tuple[Line, Line]:
+    """A line whose echo path (round trip ms, ERL dB) moves from ``first`` to ``then`` at
+    capture frame ``change``: (the line on the first path throughout, the moving line)."""
+    before = simulate(assistant, rtt_ms=first[0], erl_db=first[1])
+    after = simulate(assistant, rtt_ms=then[0], erl_db=then[1])
+    moving = Line(
+        render=before.render,
+        capture=before.capture[:change] + after.capture[change : len(before.capture)],
+        echo_dbfs=np.concatenate([before.echo_dbfs[:change], after.echo_dbfs[change:]]),
+        caller_dbfs=before.caller_dbfs,
+    )
+    return before, moving
+
+
 def test_an_echo_path_moving_under_a_trusted_line_canceller_stays_echo(
     assistant: list[bytes],
 ) -> None:
@@ -870,15 +886,8 @@ def test_an_echo_path_moving_under_a_trusted_line_canceller_stays_echo(
     and cut the assistant on. The frame as heard is a copy at the new lag; believed only
     there, away from the known delay, it drops the old path.
     """
-    before = simulate(assistant, rtt_ms=200, erl_db=6.0)
-    after = simulate(assistant, rtt_ms=450, erl_db=10.0)
     change = 400
-    line = Line(
-        render=before.render,
-        capture=before.capture[:change] + after.capture[change : len(before.capture)],
-        echo_dbfs=np.concatenate([before.echo_dbfs[:change], after.echo_dbfs[change:]]),
-        caller_dbfs=before.caller_dbfs,
-    )
+    before, line = _path_moving(assistant, (200, 6.0), (450, 10.0), change)
     first = EchoGate()
     run(first, Line(before.render, before.capture[:change], before.echo_dbfs, before.caller_dbfs))
     assert first._lec is not None and first._lec.trusted  # the first path, cancelled
@@ -897,18 +906,11 @@ def test_an_echo_path_moving_to_a_shorter_delay_is_found_where_nothing_was_expec
     caller: on the reflex rig it paused and cut the assistant at an answer's start. A
     frame heard then is checked for a copy at another lag (EchoGate._moved_echo).
     """
-    before = simulate(assistant, rtt_ms=450, erl_db=10.0)
-    after = simulate(assistant, rtt_ms=200, erl_db=6.0)
     # In the assistant's 600 ms gap (frames 300-330): nothing can tell the move before
     # its reply starts from silence, and its first syllables echo 250 ms before the
     # learned delay expects anything.
     change = 315
-    line = Line(
-        render=before.render,
-        capture=before.capture[:change] + after.capture[change : len(before.capture)],
-        echo_dbfs=np.concatenate([before.echo_dbfs[:change], after.echo_dbfs[change:]]),
-        caller_dbfs=before.caller_dbfs,
-    )
+    _, line = _path_moving(assistant, (450, 10.0), (200, 6.0), change)
     verdicts = run(EchoGate(), line)
     assert verdicts[change - 1].delay_ms is not None  # the first path was learned
     flags = near_end(verdicts) & (line.echo_dbfs[: len(verdicts)] >= NEAR_END_FLOOR_DBFS)
