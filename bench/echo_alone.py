@@ -35,11 +35,11 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from bench.eval_corpus import Utterance, scale_to_dbfs, utterances
-from bench.reflex import PLAYOUT_S, assistant_voices
+import numpy as np
+
+from bench.eval_corpus import Utterance, utterances
+from bench.reflex import MID_CALL_ECHO, PLAYOUT_S, SEED, Line, assistant_voices, false_run
 from rutster.gateway.server import limit_numeric_threads
-from rutster.protocols.tap import SpeechStarted
-from tests.support.engine_rig import RATE, EchoPath, ReflexRig
 
 #: Active level of the assistant's voice on the line it is sent down (dBFS): a loud
 #: brain, bench/reflex.py's voices (-18), and a quiet one. Seed decision. The corpus's
@@ -108,22 +108,22 @@ def conditions(quick: bool = False) -> list[Condition]:
 
 
 def echo_alone(voice: bytes, condition: Condition) -> tuple[int, int]:
-    """The assistant saying ``voice`` (looped to PLAYOUT_S) over ``condition``: (pauses, cuts)."""
-    rig = ReflexRig(
-        seconds=PLAYOUT_S + 1.0,
-        echo_delay_ms=condition.delay_ms,
-        echo_loss_db=condition.loss_db,
+    """The assistant saying ``voice`` (looped to PLAYOUT_S) over ``condition``: (pauses, cuts).
+
+    bench/reflex.py's echo-alone run (``false_run``, no noise bursts) on the line the
+    condition describes.
+    """
+    line = Line(
+        condition.label(),
         noise_dbfs=condition.noise_dbfs,
-        echo_changes=(
-            (EchoPath(PLAYOUT_S / 2, *condition.moves_to),) if condition.moves_to else ()
-        ),
+        delay_ms=condition.delay_ms,
+        loss_db=condition.loss_db,
+        changes=condition.moves_to is not None,
+        moves_to=condition.moves_to or MID_CALL_ECHO,
+        voice_dbfs=condition.voice_dbfs,
     )
-    level = scale_to_dbfs(voice, condition.voice_dbfs)
-    reps = int(PLAYOUT_S * RATE * 2 // len(level)) + 1
-    rig.say((level * reps)[: int(PLAYOUT_S * RATE) * 2], "reply", at_s=0.5)
-    rig.run()
-    cuts = sum(1 for _, action in rig.actions_of(SpeechStarted) if action.interrupted)
-    return rig.audible_pauses, cuts
+    pauses, cuts, _, _ = false_run(line, voice, [], np.random.default_rng(SEED))
+    return pauses, cuts
 
 
 @dataclass
