@@ -970,15 +970,12 @@ class EchoGate:
                         # known delay says nothing (a caller under it is what the
                         # residual is for), so only a moved lag is believed.
                         heard, heard_lag = self._coherence(slot)
-                        if (
-                            heard >= self._config.echo_copy
-                            and abs(heard_lag - delay) > self._spread + 1
-                        ):
+                        if heard >= self._config.echo_copy and self._beyond_delay(heard_lag, delay):
                             best, lag = heard, heard_lag
                             copy = self._config.echo_copy
                     if best >= copy:
                         near_end = False
-                        if delay is not None and abs(lag - delay) > self._spread + 1:
+                        if delay is not None and self._beyond_delay(lag, delay):
                             # A copy more than a frame beyond the delay's spread:
                             # the echo now comes at another delay (the path moved,
                             # a caller switching to speakerphone). What was learned
@@ -1132,6 +1129,11 @@ class EchoGate:
             np.minimum(weakest[:-shift], lag_erl[shift:], out=weakest[:-shift])
         return float((loudest - weakest).max())
 
+    def _beyond_delay(self, lag: float, delay: int) -> bool:
+        """Whether a copy found at ``lag`` (frames) lies more than a frame beyond the known
+        delay's spread: echo at another delay than the one learned (the path moved)."""
+        return abs(lag - delay) > self._spread + 1
+
     def _moved_echo(self, slot: int, delay: int) -> bool:
         """Whether a frame heard while nothing was played around the known delay is a
         copy of what was played at another lag: the echo path moved (a shorter route,
@@ -1148,7 +1150,7 @@ class EchoGate:
         if float(self._render_env.window(slot - lo, hi - lo + 1).max()) <= _ENVELOPE_FLOOR_DBFS:
             return False  # nothing played over the whole lag range: nothing to copy
         best, lag = self._coherence(slot)
-        if best >= self._config.echo_copy and abs(lag - delay) > spread + 1:
+        if best >= self._config.echo_copy and self._beyond_delay(lag, delay):
             self._forget_delay(slot)
             return True
         self._checked_run += 1
