@@ -11,12 +11,20 @@ sends, ...; :data:`PARTS`), and the table prints each part's share of the sample
 gateway's main thread (the event loop's own wait for its sockets falls in "the rest").
 The echo brain's callers talk the whole call and hear themselves back, so the echo gate
 and the VAD work on every frame: the worst case for both.
+
+``--timers`` measures the per-call engine's parts instead, without py-spy and without
+pausing the gateway: ``bench/engine_timers/sitecustomize.py`` wraps each part in the
+gateway's process and adds up its CPU time, and the table prints, over the same window,
+each part's CPU per caller frame, per call to it, and as a share of the gateway's CPU.
+Those are the figures to set beside ``bench/reflex_cost.py``'s, which replays one call's
+engine inputs alone: the same parts, interleaved with every other call's work.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -25,6 +33,8 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+
+import psutil
 
 from bench.vs_pipecat import (
     IDLE_SAMPLE_S,
@@ -127,6 +137,112 @@ async def profile(calls: int, seconds: float, nonblocking: bool) -> None:
         print(f"{100 * count / total:5.1f} %  {part}")
 
 
+#: Where the timers' sitecustomize lives (put first on the gateway's PYTHONPATH).
+TIMERS_SITE = Path(__file__).parent / "engine_timers"
+#: The parts the timers print, in order, with their labels (indented: inside the one above).
+TIMER_ROWS: tuple[tuple[str, str], ...] = (
+    ("MediaEngine.on_ingress", "engine: caller audio in"),
+    ("InboundTransform.decode", "  μ-law decode"),
+    ("InboundTransform.frames", "  8 -> 24 kHz for the brain"),
+    ("ReflexLoop.on_caller_frame", "  reflex loop (per frame)"),
+    ("EchoGate.capture", "    echo gate: caller frame"),
+    ("CascadeDetector.process", "    VAD (the cascade)"),
+    ("SileroDetector._run_window", "      Silero (a window is 1.6 frames)"),
+    ("MediaEngine.poll", "engine: playout (pacer polls)"),
+    ("OutboundTransform.resample", "  24 -> 8 kHz"),
+    ("OutboundTransform.encode", "  μ-law encode"),
+    ("EchoGate.render", "  echo gate: render frame"),
+    ("NarrowbandTap.push", "narrowband taps (both ways, in the two above)"),
+    ("MediaEngine.on_brain", "engine: brain events"),
+)
+#: The engine's own entry points: their sum is the engine; the gateway's CPU less it is
+#: everything else (sockets, JSON, the tap, the event loop).
+ENGINE_ENTRIES = ("MediaEngine.on_ingress", "MediaEngine.poll", "MediaEngine.on_brain")
+
+
+def read_timers(path: Path) -> dict[str, tuple[int, int]]:
+    """The timers' last snapshot: part -> (CPU ns, calls)."""
+    body = json.loads(path.read_text(encoding="utf-8"))
+    return {name: (int(v["cpu_ns"]), int(v["calls"])) for name, v in body.items()}
+
+
+def server_cpu_s(server: psutil.Process) -> float:
+    """The server's CPU time so far (every thread, user and system)."""
+    times = server.cpu_times()
+    return float(times.user + times.system)
+
+
+async def time_parts(calls: int, seconds: float) -> None:
+    ramp_s = (calls - 1) / START_RATE_PER_S
+    speech = read_wav_8k(SPEECH_WAV)
+    needed_s = ramp_s + seconds + PROFILE_MARGIN_S
+    if needed_s * RATE * 2 > len(speech):
+        raise SystemExit(f"{calls} calls and {seconds:.0f} s need {needed_s:.0f} s of speech")
+    pcm = speech[: int(needed_s * RATE) * 2]
+    token = secrets.token_urlsafe(16)
+    cores = sorted(os.sched_getaffinity(0))
+    server_core, load_cores = [cores[0]], cores[1:] or [cores[0]]
+    os.sched_setaffinity(0, load_cores)
+    with tempfile.TemporaryDirectory() as tmp:
+        timers = Path(tmp) / "timers.json"
+        saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RUTSTER_BENCH_TIMERS")}
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(TIMERS_SITE), saved["PYTHONPATH"]) if p
+        )
+        os.environ["RUTSTER_BENCH_TIMERS"] = str(timers)
+        try:
+            with rutster_server(token, load_cores) as (url, server):
+                server.cpu_affinity(server_core)
+                task = asyncio.ensure_future(run_level("rutster", url, token, calls, pcm, server))
+                await asyncio.sleep(IDLE_SAMPLE_S + ramp_s + 1.0)  # every call running
+                before, cpu_before = read_timers(timers), server_cpu_s(server)
+                await asyncio.sleep(seconds)
+                after, cpu_after = read_timers(timers), server_cpu_s(server)
+                row = await task
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    spent = {
+        k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1])
+        for k in after
+    }
+    frames = spent.get("EchoGate.capture", (0, 0))[1]
+    gateway_ns = (cpu_after - cpu_before) * 1e9
+    if not frames or gateway_ns <= 0:
+        raise SystemExit("no caller frames timed: did the gateway load the timers?")
+    print(
+        f"rutster serve on core {server_core} with {calls} echo calls ({row.carried}/{calls} "
+        f"carried), timed for {seconds:.0f} s: {frames} caller frames, the gateway's CPU "
+        f"{gateway_ns / 1e9 / seconds * 100:.0f} % of its core, {gateway_ns / frames / 1000:.0f} "
+        "µs per caller frame"
+    )
+    print(f"{'part':48} {'µs/frame':>9} {'µs/call':>8} {'calls':>7} {'of CPU':>7}")
+    for name, label in TIMER_ROWS:
+        ns, n = spent.get(name, (0, 0))
+        per_call = f"{ns / n / 1000:8.1f}" if n else f"{'-':>8}"
+        print(
+            f"{label:48} {ns / frames / 1000:9.1f} {per_call} {n:7d} {100 * ns / gateway_ns:6.1f}%"
+        )
+    engine = sum(spent.get(name, (0, 0))[0] for name in ENGINE_ENTRIES)
+    rest = gateway_ns - engine
+    print(
+        f"{'the engine (the three entries above)':48} {engine / frames / 1000:9.1f} "
+        f"{'':8} {'':7} {100 * engine / gateway_ns:6.1f}%"
+    )
+    print(
+        f"{'everything else (sockets, JSON, tap, event loop)':48} {rest / frames / 1000:9.1f} "
+        f"{'':8} {'':7} {100 * rest / gateway_ns:6.1f}%"
+    )
+    print(
+        "µs/frame: the part's CPU over the window / the caller frames the echo gate judged; "
+        "µs/call: per call to the part; of CPU: share of the gateway's CPU over the window "
+        "(nested parts are inside the ones above them)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=20)
@@ -134,10 +250,18 @@ def main() -> None:
     parser.add_argument(
         "--nonblocking", action="store_true", help="sample without pausing the gateway"
     )
+    parser.add_argument(
+        "--timers",
+        action="store_true",
+        help="time the engine's parts inside the gateway instead (no py-spy)",
+    )
     args = parser.parse_args()
     if args.calls < 1 or args.seconds < 1:
         parser.error("--calls and --seconds must be at least 1")
-    asyncio.run(profile(args.calls, args.seconds, args.nonblocking))
+    if args.timers:
+        asyncio.run(time_parts(args.calls, args.seconds))
+    else:
+        asyncio.run(profile(args.calls, args.seconds, args.nonblocking))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,11 @@ carried, and their ratio: calls per core, since each server has one. Then the sa
 rutster with the goal's limits on each level as well (lag P99 within 120 ms, RSS within
 1 MiB a call; ``LevelResult.within_limits``), the reading issue 18's goal and its flat
 cost ask for, and the ratio at that level.
+
+``--keep-core-awake`` runs a busy loop at ``SCHED_IDLE`` on the server's core for the
+whole run: it runs only when the server has nothing to do (its CPU is not the server's),
+so the core never idles. A measurement of what an idle core costs the server (README,
+"Where a call's time goes"), not a setting to run with.
 """
 
 from __future__ import annotations
@@ -356,7 +361,32 @@ def cost_spread(rows: list[LevelResult], carried_up_to: int) -> str:
     )
 
 
-async def bench(levels: list[int], seconds: float, venv: Path, systems: list[str]) -> None:
+#: The ``--keep-core-awake`` spinner: a loop at SCHED_IDLE, which runs only when nothing
+#: else on its core can (so it takes no time from the server), and keeps the core from
+#: going idle between the server's messages.
+_SPINNER = (
+    "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass\n"
+)
+
+
+@contextlib.contextmanager
+def core_kept_awake(core: list[int], enabled: bool) -> Iterator[None]:
+    """While enabled, a SCHED_IDLE busy loop on ``core`` (see :data:`_SPINNER`)."""
+    if not enabled:
+        yield
+        return
+    spinner = subprocess.Popen([sys.executable, "-c", _SPINNER])
+    try:
+        psutil.Process(spinner.pid).cpu_affinity(core)
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+async def bench(
+    levels: list[int], seconds: float, venv: Path, systems: list[str], awake: bool = False
+) -> None:
     pcm = read_wav_8k(SPEECH_WAV)[: int(seconds * RATE) * 2]
     token = secrets.token_urlsafe(16)
     cores = sorted(os.sched_getaffinity(0))
@@ -368,6 +398,11 @@ async def bench(levels: list[int], seconds: float, venv: Path, systems: list[str
         f"{load_cores}; {seconds:.0f} s of recorded speech per call, {START_RATE_PER_S:.0f} "
         "calls started a second; a fresh server for each level"
     )
+    if awake:
+        print(
+            f"--keep-core-awake: a busy loop at SCHED_IDLE on core {server_core}, run only "
+            "when the server is idle (not counted in its CPU), keeps that core from idling"
+        )
     print(
         f"{'system':14} {'calls':>5} {'carried':>9} {'CPU':>7} {'CPU/call':>9} "
         f"{'over idle':>10} {'KiB/call':>9} {'lag P50':>7} {'lag P99':>7}"
@@ -381,7 +416,7 @@ async def bench(levels: list[int], seconds: float, venv: Path, systems: list[str
             servers = (
                 rutster_server(token, load_cores) if system == "rutster" else pipecat_server(venv)
             )
-            with servers as (url, server):
+            with core_kept_awake(server_core, awake), servers as (url, server):
                 server.cpu_affinity(server_core)
                 warmup = pcm[: int(WARMUP_S * RATE) * 2]
                 await run_level(label, url, token, WARMUP_CALLS, warmup, server)
@@ -426,6 +461,11 @@ def main() -> None:
         "--install-pipecat", action="store_true", help="build Pipecat's virtualenv first"
     )
     parser.add_argument("--systems", default="rutster,pipecat")
+    parser.add_argument(
+        "--keep-core-awake",
+        action="store_true",
+        help="a SCHED_IDLE busy loop on the server's core: what an idle core costs the server",
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",") if x]
     systems = [s for s in args.systems.split(",") if s]
@@ -435,7 +475,7 @@ def main() -> None:
         parser.error("--seconds must leave time with every call running after the last start")
     if args.install_pipecat:
         install_pipecat(args.pipecat_venv)
-    asyncio.run(bench(levels, args.seconds, args.pipecat_venv, systems))
+    asyncio.run(bench(levels, args.seconds, args.pipecat_venv, systems, args.keep_core_awake))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,15 @@ profile sample charged to the part of the gateway it was in."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 
-from bench.call_profile import OTHER, charge
+from bench.call_profile import ENGINE_ENTRIES, OTHER, TIMER_ROWS, TIMERS_SITE, charge, read_timers
 from bench.concurrent_calls import histogram_p99_ms, pooled_jitter_p99_ms
 from rutster.tools.twilio_simulator import SimulatedCallResult
 
@@ -60,3 +66,39 @@ def test_a_profile_sample_is_charged_to_the_innermost_part_on_its_stack() -> Non
         "reflex state machine": 2,
         OTHER: 1,
     }
+
+
+def timers_site() -> ModuleType:
+    """bench/engine_timers/sitecustomize.py, loaded under another name (it installs
+    nothing unless RUTSTER_BENCH_TIMERS is set in a process run as ``serve``)."""
+    spec = importlib.util.spec_from_file_location("engine_timers", TIMERS_SITE / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_part_the_timers_wrap_exists_and_every_row_is_timed() -> None:
+    site = timers_site()
+    timed = set()
+    for module_name, class_name, method_name in site.TIMED:
+        cls = getattr(importlib.import_module(module_name), class_name)
+        assert callable(getattr(cls, method_name)), (class_name, method_name)
+        timed.add(f"{class_name}.{method_name}")
+    assert {name for name, _ in TIMER_ROWS} == timed
+    assert set(ENGINE_ENTRIES) <= timed
+
+
+def test_a_timed_method_adds_its_cpu_time_and_calls(tmp_path: Path) -> None:
+    site = timers_site()
+    total = [0, 0]
+
+    def busy(n: int) -> int:
+        return sum(i * i for i in range(n))
+
+    timed = site._timed(busy, total)
+    assert timed(200_000) == busy(200_000)
+    assert total[1] == 1 and total[0] > 0
+    path = tmp_path / "timers.json"
+    path.write_text(json.dumps({"EchoGate.capture": {"cpu_ns": 5, "calls": 2}}))
+    assert read_timers(path) == {"EchoGate.capture": (5, 2)}

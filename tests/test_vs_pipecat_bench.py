@@ -4,12 +4,16 @@ benchmark itself needs Pipecat's own virtualenv and minutes of load: run by hand
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+import psutil
 import pytest
 
 from bench.vs_pipecat import (
     LevelResult,
     carried,
+    core_kept_awake,
     cost_spread,
     echo_lag_ms,
     largest_carried,
@@ -111,3 +115,21 @@ def test_the_goals_limits_on_latency_and_memory_bound_the_level_credited() -> No
     # Over 1 MiB of RSS a call (12 MiB over 10 calls) is outside the limits too.
     assert largest_carried([limited(10, 90.0, rss_mib=12.0)], within_limits=True) == 0
     assert largest_carried([limited(10, 90.0, rss_mib=9.0)], within_limits=True) == 10
+
+
+def test_keeping_the_core_awake_runs_one_idle_class_spinner_there_and_stops_it() -> None:
+    me = psutil.Process()
+    core = [sorted(os.sched_getaffinity(0))[-1]]
+    before = {child.pid for child in me.children()}  # the suite's own services, if any
+    with core_kept_awake(core, enabled=False):
+        assert {child.pid for child in me.children()} == before
+    with core_kept_awake(core, enabled=True):
+        (spinner,) = [child for child in me.children() if child.pid not in before]
+        assert spinner.cpu_affinity() == core
+        # Its own first line lowers it to SCHED_IDLE; give it that moment.
+        for _ in range(100):
+            if os.sched_getscheduler(spinner.pid) == os.SCHED_IDLE:
+                break
+            psutil.wait_procs([spinner], timeout=0.02)
+        assert os.sched_getscheduler(spinner.pid) == os.SCHED_IDLE
+    assert not spinner.is_running()
