@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -95,8 +96,20 @@ def charge(raw: str) -> Counter[str]:
     return parts
 
 
-async def profile(calls: int, seconds: float, nonblocking: bool) -> None:
-    spy = py_spy()
+@dataclass(frozen=True)
+class Load:
+    """The load both modes put on the gateway: its speech, the cores, the ramp."""
+
+    pcm: bytes
+    token: str
+    ramp_s: float
+    server_core: list[int]
+    load_cores: list[int]
+
+
+def prepare_load(calls: int, seconds: float) -> Load:
+    """Speech for ``calls`` echo calls that all still run ``seconds`` after the ramp, and
+    this process moved to the load's cores (the gateway gets the first)."""
     ramp_s = (calls - 1) / START_RATE_PER_S
     speech = read_wav_8k(SPEECH_WAV)
     needed_s = ramp_s + seconds + PROFILE_MARGIN_S
@@ -107,6 +120,14 @@ async def profile(calls: int, seconds: float, nonblocking: bool) -> None:
     cores = sorted(os.sched_getaffinity(0))
     server_core, load_cores = [cores[0]], cores[1:] or [cores[0]]
     os.sched_setaffinity(0, load_cores)
+    return Load(pcm, token, ramp_s, server_core, load_cores)
+
+
+async def profile(calls: int, seconds: float, nonblocking: bool) -> None:
+    spy = py_spy()
+    load = prepare_load(calls, seconds)
+    pcm, token, ramp_s = load.pcm, load.token, load.ramp_s
+    server_core, load_cores = load.server_core, load.load_cores
     with rutster_server(token, load_cores) as (url, server), tempfile.TemporaryDirectory() as tmp:
         server.cpu_affinity(server_core)
         task = asyncio.ensure_future(run_level("rutster", url, token, calls, pcm, server))
@@ -173,16 +194,9 @@ def server_cpu_s(server: psutil.Process) -> float:
 
 
 async def time_parts(calls: int, seconds: float) -> None:
-    ramp_s = (calls - 1) / START_RATE_PER_S
-    speech = read_wav_8k(SPEECH_WAV)
-    needed_s = ramp_s + seconds + PROFILE_MARGIN_S
-    if needed_s * RATE * 2 > len(speech):
-        raise SystemExit(f"{calls} calls and {seconds:.0f} s need {needed_s:.0f} s of speech")
-    pcm = speech[: int(needed_s * RATE) * 2]
-    token = secrets.token_urlsafe(16)
-    cores = sorted(os.sched_getaffinity(0))
-    server_core, load_cores = [cores[0]], cores[1:] or [cores[0]]
-    os.sched_setaffinity(0, load_cores)
+    load = prepare_load(calls, seconds)
+    pcm, token, ramp_s = load.pcm, load.token, load.ramp_s
+    server_core, load_cores = load.server_core, load.load_cores
     with tempfile.TemporaryDirectory() as tmp:
         timers = Path(tmp) / "timers.json"
         saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RUTSTER_BENCH_TIMERS")}
