@@ -17,7 +17,9 @@ pausing the gateway: ``bench/engine_timers/sitecustomize.py`` wraps each part in
 gateway's process and adds up its CPU time, and the table prints, over the same window,
 each part's CPU per caller frame, per call to it, and as a share of the gateway's CPU.
 Those are the figures to set beside ``bench/reflex_cost.py``'s, which replays one call's
-engine inputs alone: the same parts, interleaved with every other call's work.
+engine inputs alone: the same parts, interleaved with every other call's work. With
+``--keep-core-awake`` a busy loop at ``SCHED_IDLE`` keeps the gateway's core from idling
+(``bench/vs_pipecat.py``): what an idle core costs the parts.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from bench.vs_pipecat import (
     RATE,
     SPEECH_WAV,
     START_RATE_PER_S,
+    core_kept_awake,
     run_level,
     rutster_server,
 )
@@ -193,7 +196,7 @@ def server_cpu_s(server: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-async def time_parts(calls: int, seconds: float) -> None:
+async def time_parts(calls: int, seconds: float, awake: bool = False) -> None:
     load = prepare_load(calls, seconds)
     pcm, token, ramp_s = load.pcm, load.token, load.ramp_s
     server_core, load_cores = load.server_core, load.load_cores
@@ -205,7 +208,10 @@ async def time_parts(calls: int, seconds: float) -> None:
         )
         os.environ["RUTSTER_BENCH_TIMERS"] = str(timers)
         try:
-            with rutster_server(token, load_cores) as (url, server):
+            with (
+                core_kept_awake(server_core, awake),
+                rutster_server(token, load_cores) as (url, server),
+            ):
                 server.cpu_affinity(server_core)
                 task = asyncio.ensure_future(run_level("rutster", url, token, calls, pcm, server))
                 await asyncio.sleep(IDLE_SAMPLE_S + ramp_s + 1.0)  # every call running
@@ -228,8 +234,9 @@ async def time_parts(calls: int, seconds: float) -> None:
     if not frames or gateway_ns <= 0:
         raise SystemExit("no caller frames timed: did the gateway load the timers?")
     print(
-        f"rutster serve on core {server_core} with {calls} echo calls ({row.carried}/{calls} "
-        f"carried), timed for {seconds:.0f} s: {frames} caller frames, the gateway's CPU "
+        f"rutster serve on core {server_core}{' (kept awake)' if awake else ''} with {calls} "
+        f"echo calls ({row.carried}/{calls} carried), timed for {seconds:.0f} s: {frames} "
+        "caller frames, the gateway's CPU "
         f"{gateway_ns / 1e9 / seconds * 100:.0f} % of its core, {gateway_ns / frames / 1000:.0f} "
         "µs per caller frame"
     )
@@ -269,11 +276,20 @@ def main() -> None:
         action="store_true",
         help="time the engine's parts inside the gateway instead (no py-spy)",
     )
+    parser.add_argument(
+        "--keep-core-awake",
+        action="store_true",
+        help="with --timers: a SCHED_IDLE busy loop on the gateway's core (bench/vs_pipecat.py)",
+    )
     args = parser.parse_args()
     if args.calls < 1 or args.seconds < 1:
         parser.error("--calls and --seconds must be at least 1")
+    if args.keep_core_awake and not args.timers:
+        parser.error(
+            "--keep-core-awake goes with --timers (py-spy would sample the busy loop's core)"
+        )
     if args.timers:
-        asyncio.run(time_parts(args.calls, args.seconds))
+        asyncio.run(time_parts(args.calls, args.seconds, args.keep_core_awake))
     else:
         asyncio.run(profile(args.calls, args.seconds, args.nonblocking))
 
