@@ -285,9 +285,7 @@ def main() -> None:
     if args.calls < 1 or args.seconds < 1:
         parser.error("--calls and --seconds must be at least 1")
     if args.keep_core_awake and not args.timers:
-        parser.error(
-            "--keep-core-awake goes with --timers (py-spy would sample the busy loop's core)"
-        )
+        parser.error("--keep-core-awake is an option of --timers only")
     if args.timers:
         asyncio.run(time_parts(args.calls, args.seconds, args.keep_core_awake))
     else:
