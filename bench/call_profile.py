@@ -202,29 +202,20 @@ async def time_parts(calls: int, seconds: float, awake: bool = False) -> None:
     server_core, load_cores = load.server_core, load.load_cores
     with tempfile.TemporaryDirectory() as tmp:
         timers = Path(tmp) / "timers.json"
-        saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RUTSTER_BENCH_TIMERS")}
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(TIMERS_SITE), saved["PYTHONPATH"]) if p
-        )
-        os.environ["RUTSTER_BENCH_TIMERS"] = str(timers)
-        try:
-            with (
-                core_kept_awake(server_core, awake),
-                rutster_server(token, load_cores) as (url, server),
-            ):
-                server.cpu_affinity(server_core)
-                task = asyncio.ensure_future(run_level("rutster", url, token, calls, pcm, server))
-                await asyncio.sleep(IDLE_SAMPLE_S + ramp_s + 1.0)  # every call running
-                before, cpu_before = read_timers(timers), server_cpu_s(server)
-                await asyncio.sleep(seconds)
-                after, cpu_after = read_timers(timers), server_cpu_s(server)
-                row = await task
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        # The timers' sitecustomize first on the gateway's path (its process alone).
+        path = os.pathsep.join(p for p in (str(TIMERS_SITE), os.environ.get("PYTHONPATH")) if p)
+        env = {"PYTHONPATH": path, "RUTSTER_BENCH_TIMERS": str(timers)}
+        with (
+            core_kept_awake(server_core, awake),
+            rutster_server(token, load_cores, env) as (url, server),
+        ):
+            server.cpu_affinity(server_core)
+            task = asyncio.ensure_future(run_level("rutster", url, token, calls, pcm, server))
+            await asyncio.sleep(IDLE_SAMPLE_S + ramp_s + 1.0)  # every call running
+            before, cpu_before = read_timers(timers), server_cpu_s(server)
+            await asyncio.sleep(seconds)
+            after, cpu_after = read_timers(timers), server_cpu_s(server)
+            row = await task
     spent = {
         k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1])
         for k in after

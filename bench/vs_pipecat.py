@@ -265,13 +265,17 @@ def rutster_gateway(
 
 
 @contextlib.contextmanager
-def rutster_server(token: str, load_cores: list[int]) -> Iterator[tuple[str, psutil.Process]]:
+def rutster_server(
+    token: str, load_cores: list[int], env: dict[str, str] | None = None
+) -> Iterator[tuple[str, psutil.Process]]:
     """The gateway as the side-by-side runs it, and its echo brain: (its URL, the gateway).
 
     Where the node breaks is measured: its overload guard, which would refuse the calls
-    past that point instead, is off (``bench/overload.py`` measures the guard).
+    past that point instead, is off (``bench/overload.py`` measures the guard). ``env``:
+    more variables for the gateway's process alone.
     """
-    with rutster_gateway(token, load_cores, {"RUTSTER_OVERLOAD_GUARD": "off"}) as gateway:
+    overrides = {"RUTSTER_OVERLOAD_GUARD": "off", **(env or {})}
+    with rutster_gateway(token, load_cores, overrides) as gateway:
         yield f"http://{LOOPBACK}:{gateway.port}", psutil.Process(gateway.proc.pid)
 
 
