@@ -63,7 +63,7 @@ TONE_TOLERANCE_HZ = 15
 
 _PEER_SCRIPT = textwrap.dedent(
     r"""
-    import json, queue, sys, threading
+    import json, queue, sys, threading, time
     import numpy as np
     import pjsua2 as pj
 
@@ -245,6 +245,14 @@ _PEER_SCRIPT = textwrap.dedent(
             except pj.Error as e:
                 out(ev="error", op=op, status=e.status, reason=e.reason)
     ep.hangupAllCalls()
+    # Drop a call only once pjsua says it is disconnected, not after a fixed 200 ms:
+    # a Python call object freed while pjsua still holds the call is the likely cause
+    # of one libDestroy crash (SIGSEGV, exit -11) in a loaded suite run (not reproduced).
+    deadline = time.monotonic() + 5.0
+    while calls and time.monotonic() < deadline:
+        ep.libHandleEvents(10)
+        while pending:
+            calls.pop(pending.pop(), None)
     for _ in range(20):
         ep.libHandleEvents(10)
     calls.clear()
