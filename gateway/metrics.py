@@ -71,6 +71,12 @@ class GatewayMetrics:
         self.frames_out = Counter(
             "rutster_frames_out", "Canonical 20 ms frames paced out to callers", registry=r
         )
+        self.pacer_polls = Counter(
+            "rutster_pacer_polls",
+            "Times a call's pacer woke and ran the media engine's poll (against "
+            "rutster_frames_out: wake-ups per frame sent)",
+            registry=r,
+        )
         self.playout_underruns = Counter(
             "rutster_playout_underruns", "Gaps inside a brain item heard by callers", registry=r
         )

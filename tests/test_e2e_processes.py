@@ -42,6 +42,13 @@ from tests.realtime_echo import realtime_echo
 
 #: Slack on the pacing check: one event-loop hop on a loaded 2-core CI machine.
 PACING_SLACK_MS = 10.0
+#: Most pacer wake-ups per frame sent. A frame's arrival wakes the pacer and the
+#: frame's deadline may wake it again, plus one re-armed wait when the event loop's
+#: millisecond timer fired early (gateway/call.py MIN_PACER_WAIT_S). Measured on this
+#: test's three calls (2-core dev VM, 2026-12-06): 1.06, and 2.09 with both cores
+#: busy, with that floor; 12.2 and 15.4 without it, when the pacer re-armed 0 ms
+#: timers until each deadline passed.
+MAX_POLLS_PER_FRAME = 4.0
 #: The killed-brain call: long enough that a brain needing ~6 s to start again (seen on
 #: a loaded 2-core CI machine) still leaves seconds of echo to judge after it reconnects.
 KILLED_BRAIN_CALL_S = 18
@@ -111,6 +118,9 @@ async def test_three_simultaneous_calls_echo_the_speech(stack: Stack, speech_pcm
     assert final["rutster_active_calls"] == 0
     assert final["rutster_call_tasks"] == 0
     assert final.get("rutster_signature_failures_total", 0.0) == 0
+    # The pacer wakes for frames, not in a spin at each deadline.
+    polls_per_frame = final["rutster_pacer_polls_total"] / final["rutster_frames_out_total"]
+    assert polls_per_frame <= MAX_POLLS_PER_FRAME, f"{polls_per_frame:.2f} pacer polls a frame"
 
 
 @realtime_echo
