@@ -173,8 +173,9 @@ class Call:
             clock_ms=clock_ms,
             call_label=self.session_id,
         )
-        # Pacer wake-ups: a flag plus a bare future (cheaper than Event + timeout,
-        # measured: the pacer wakes ~50 times a second per call).
+        # Pacer wake-ups: a flag plus a bare future (cheaper than Event + timeout; the
+        # pacer wakes 1.1-2.1 times a frame sent, 55-105 times a second in an echo call:
+        # rutster_pacer_polls_total, MIN_PACER_WAIT_S).
         self._wake_pending = False
         self._waiter: asyncio.Future[bool] | None = None
         self._tasks: list[asyncio.Task[None]] = []
