@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_LEAD_MS",
     "DEFAULT_START_MS",
     "MAX_DELAY_DEBT_MS",
+    "PAD_LEAD_MS",
     "SHED_SILENCE_RMS",
     "Pacer",
     "PacerState",
@@ -83,8 +84,8 @@ MIN_PARTIAL_SHED_SAMPLES = 24
 #: the next real-time frame. Seed decision (a quarter frame of clock jitter).
 SHED_QUEUE_SLACK_MS = 5.0
 #: A poll this late past the provider's queue end (ms) counts as a gap the caller
-#: heard: a quarter frame, above asyncio's ~1 ms timer lateness at the planned wake
-#: when a partial frame is padded. Seed decision.
+#: heard: a quarter frame, above the 1-2 ms an event loop's timer may wake late
+#: (uvloop counts whole milliseconds). Seed decision.
 LATE_POLL_MIN_MS = 5.0
 #: Silent frames sent at once to keep the provider's queue from running dry while the
 #: brain's audio is late (40 ms): what the outbound resampler's drain used to add when
@@ -98,6 +99,15 @@ BRIDGE_FRAMES = 2
 #: that a brain merely a little late (echo: one frame at a time) is rarely bridged.
 #: The drain's lead, kept (seed decision).
 BRIDGE_LEAD_MS = 10.0
+#: A partial frame (the tail of an item, or audio left unaligned by a partial shed)
+#: is padded and sent when the provider's queue holds this little (ms), not at the
+#: moment it runs dry: the driver's timer may wake a millisecond or two late
+#: (uvloop's timers count whole milliseconds, gateway/call.py MIN_PACER_WAIT_S), and
+#: a frame sent at the dry moment then reached the provider after a 1-2 ms hole
+#: (measured: the hostile campaign's honest calls, tests/test_hostile_campaign.py).
+#: A bridge's lead, for the same reason; audio completing the frame later than this
+#: starts the next frame.
+PAD_LEAD_MS = BRIDGE_LEAD_MS
 
 
 class PacerState(StrEnum):
@@ -381,9 +391,11 @@ class Pacer:
             when = self._queued_until + self._frame_ms - self._max_lead_ms
         elif not buffer.buffered_samples and self._may_bridge():
             when = self._queued_until - BRIDGE_LEAD_MS
+        elif buffer.buffered_samples:
+            # A partial frame is padded and sent while the provider still holds a little.
+            when = self._queued_until - PAD_LEAD_MS
         else:
-            # A partial frame is padded, and an empty buffer declared starved,
-            # once the provider queue is about to run dry.
+            # An empty buffer is declared starved once the provider's queue has run dry.
             when = self._queued_until
         return max(now_ms, when)
 

@@ -13,6 +13,7 @@ from rutster.media.pacer import (
     BRIDGE_LEAD_MS,
     DEFAULT_LEAD_MS,
     DEFAULT_START_MS,
+    PAD_LEAD_MS,
     Pacer,
     PacerState,
 )
@@ -183,11 +184,11 @@ def test_padded_tail() -> None:
     call.run_until(40.0)
     assert [f.audio_samples for _, f in call.sent] == [480]
     # 20 samples left; the provider has 20 ms queued: wait for more audio...
-    assert call.pacer.next_poll_ms(40.0) == 60.0
-    call.run_until(59.0)
+    assert call.pacer.next_poll_ms(40.0) == 60.0 - PAD_LEAD_MS
+    call.run_until(59.0 - PAD_LEAD_MS)
     assert len(call.sent) == 1
-    # ...until the queue is about to run dry, then send the tail padded.
-    call.run_until(60.0)
+    # ...until the queue holds only the pad lead, then send the tail padded.
+    call.run_until(60.0 - PAD_LEAD_MS)
     tail = call.sent[-1][1]
     assert tail.audio_samples == 20
     assert len(tail.pcm) == CANONICAL_FRAME_BYTES
@@ -195,6 +196,23 @@ def test_padded_tail() -> None:
     call.run_until(200.0)
     assert call.state() is PacerState.STARVED
     assert call.pacer.next_poll_ms(200.0) is None
+
+
+def test_a_late_wake_still_sends_the_padded_tail_before_the_queue_runs_dry() -> None:
+    # The driver's timer may fire a millisecond or two late (uvloop counts whole ms):
+    # the tail must still reach the provider while its queue holds audio.
+    buffer = PlayoutBuffer()
+    pacer = Pacer(buffer, start_ms=SCENARIO_START_MS)
+    buffer.push(_audio(500 / 24), "a")  # one frame and 20 samples
+    assert pacer.poll(0.0) == []  # priming: less than the start allowance
+    assert [f.audio_samples for f in pacer.poll(SCENARIO_START_MS)] == [480]
+    deadline = pacer.next_poll_ms(SCENARIO_START_MS)
+    assert deadline is not None
+    late = deadline + PAD_LEAD_MS / 2
+    queue_end = pacer.queued_until_ms
+    assert [f.audio_samples for f in pacer.poll(late)] == [20]
+    assert late < queue_end  # the provider never ran dry: no hole before the tail
+    assert pacer.underruns == 0
 
 
 def test_partial_frame_is_completed_when_audio_arrives_in_time() -> None:
