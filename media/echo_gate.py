@@ -81,7 +81,9 @@ still hear a caller who talks over the assistant (double talk).
    With a delay known and nothing played around it, such frames are checked
    too when something was played elsewhere in the lag range: a copy at another
    lag is a path that moved (shorter, or the delay was wrong), and the delay
-   goes (:meth:`EchoGate._moved_echo`).
+   goes (:meth:`EchoGate._moved_echo`). With a delay known, a run that goes on is
+   checked again every ``MOVED_RECHECK_FRAMES`` frames for such a copy at another
+   lag: a path that moved while noise on the caller's side held the run open.
 
 6. The line echo canceller (:mod:`media.line_echo`, ``line_canceller``, on
    by default) subtracts its linear prediction of the echo, sample by sample
@@ -93,7 +95,10 @@ still hear a caller who talks over the assistant (double talk).
    the energies call echo is near end when what the canceller leaves stands
    ``LINE_CANCELLER_MARGIN_DB`` above the echo it should leave (its estimate
    less its measured ERLE) and is no copy of the render (``RESIDUAL_COPY``).
-   That hears a caller under a 6-10 dB echo, which energy cannot. When the
+   That hears a caller under a 6-10 dB echo, which energy cannot. The VAD hears
+   that residual, unless it is ``STALE_RESIDUAL_DB`` louder than the frame
+   itself: the canceller adding its prediction of an echo that has gone (the
+   path moved or turned quieter), the assistant's own voice. When the
    echo path moves, the residual holds the new echo and the old prediction
    taken off it, a copy of neither: the frame as heard is then checked too,
    and a copy of it (``echo_copy``) at a lag away from the known delay is the
@@ -194,10 +199,12 @@ __all__ = [
     "MIN_DELAY_MS",
     "MIN_ERL_DB",
     "MIN_ERL_EVIDENCE_MS",
+    "MOVED_RECHECK_FRAMES",
     "NEAR_END_FLOOR_DBFS",
     "PROOF_WOBBLE_DB",
     "RENDER_AHEAD_MS",
     "RESIDUAL_COPY",
+    "STALE_RESIDUAL_DB",
     "EchoCancellerUnavailableError",
     "EchoGate",
     "EchoGateConfig",
@@ -366,6 +373,18 @@ LINE_CANCELLER_SEARCH_BACKOFF_MS = 1600.0
 #: recorded calls: 6 / 9 / 12 dB left 15 / 10 / 9 two-frame near-end runs on echo
 #: alone at 6 dB ERL (6.5 min), with the same detection.
 LINE_CANCELLER_MARGIN_DB = 12.0
+#: How much louder than the frame heard the line canceller's residual must be for
+#: the VAD to hear the frame instead: the canceller then added a prediction at least
+#: as loud as the frame (uncorrelated sounds of equal power add 3 dB), an echo that
+#: is no longer there (the path moved or turned quieter under noise), and the VAD
+#: called that copy of the assistant speech (bench/moved_under_noise.py). Chosen on
+#: the tune split: 0 dB took that benchmark's cuts (babble aside) from 68 to 25 and
+#: 3 dB to 26, but 0 dB moved bench/reflex.py's pause P95 on the 6 dB line 250 -> 280
+#: ms; 3 dB left its figures the same but one more pause resumed (not talked over) and
+#: the changing line's P95 at 140 ms against 130.
+#: (Not counting such a residual as near end either, tried with the 0 dB rule: 24 cuts,
+#: but one more caller talked over and a pause P95 of 210 ms against 190.)
+STALE_RESIDUAL_DB = 3.0
 #: ECHO_COPY for what the canceller leaves: echo it did not cancel is a filtered
 #: copy of the render and correlates less than the echo itself; the caller hardly
 #: at all. Chosen on the same calls: 0.5 took those runs from 9 to 7 (0.35: to 3,
@@ -376,6 +395,17 @@ RESIDUAL_COPY = 0.5
 #: the very frame an echo path changes, the two frames compared straddle both
 #: paths and correlate with neither.
 COPY_CHECK_FRAMES = 2
+#: With a delay known, a near-end run past its first COPY_CHECK_FRAMES is checked
+#: again every this many frames (100 ms) for a copy of the render, as heard, at a lag
+#: away from that delay: the path moved while something on the caller's side (a
+#: passing bus, a door) held the run open, so the checks at the run's start never saw
+#: it, and the VAD heard the assistant's own voice under the noise, paused and cut
+#: (bench/moved_under_noise.py, tune split: 106 of 504 runs cut). Chosen on that
+#: split: every 5 frames 14 cut, every 3 frames 11, bench/reflex.py's tune figures
+#: the same for both; 5 is fewer coherence tests in double talk. A copy at the known
+#: delay is not acted on here: a caller talking over a 6-10 dB echo correlates with
+#: the render there too.
+MOVED_RECHECK_FRAMES = 5
 #: Quietest frame the coherence test may clear (the reflex loop's barge-in
 #: floor, gateway.reflex PAUSE_FLOOR_DBFS): under it, line noise and the
 #: mu-law steps blur even a pure echo's waveform (measured on
@@ -565,8 +595,8 @@ class EchoVerdict:
     frame with the echo taken out); otherwise ``cancelled`` is None.
     ``vad_frame`` is the frame as the VAD should hear it (:meth:`EchoGate._vad_frame`):
     the canceller's output when one is on, silence for a frame judged the
-    assistant's echo alone, the line canceller's residual once it is trusted,
-    else the frame itself.
+    assistant's echo alone, the line canceller's residual once it is trusted
+    (unless ``STALE_RESIDUAL_DB`` louder than the frame), else the frame itself.
     """
 
     near_end: bool
@@ -700,6 +730,7 @@ class EchoGate:
         "_render_size",
         "_render_wave",
         "_residual_wave",
+        "_run_frames",
         "_spread",
         "_until_update",
         "_update_every",
@@ -781,6 +812,8 @@ class EchoGate:
         self._capture_count = 0
         # Frames of the current near-end run checked and found no copy of the render.
         self._checked_run = 0
+        # Frames of the current near-end run (MOVED_RECHECK_FRAMES).
+        self._run_frames = 0
         self._lec_aligned_for: int | None = None
         self._until_update = self._update_every
         self._forget_delay()
@@ -984,8 +1017,20 @@ class EchoGate:
                             self._forget_delay(slot)
                     else:
                         self._checked_run += 1
+        if near_end:
+            self._run_frames += 1
+            later = self._run_frames - COPY_CHECK_FRAMES
+            if (
+                later > 0
+                and later % MOVED_RECHECK_FRAMES == 0
+                and self._delay is not None
+                and level >= max(self._near_end_floor, COHERENCE_FLOOR_DBFS)
+                and self._copy_beyond_delay(slot, self._delay)
+            ):
+                near_end = False
         if not near_end:
             self._checked_run = 0
+            self._run_frames = 0
         vad_frame = self._vad_frame(frame, cancelled, cancelled_line, near_end, level)
         if render_peak > _ENVELOPE_FLOOR_DBFS and (
             render_peak - self._min_erl >= self._near_end_floor
@@ -1060,6 +1105,11 @@ class EchoGate:
             return _SILENT_FRAME  # the assistant's echo alone: nothing of the caller
         lec = self._lec
         if cancelled_line is not None and lec is not None and lec.trusted:
+            if cancelled_line[0] > level + STALE_RESIDUAL_DB:
+                # The canceller added its prediction of an echo that is no longer
+                # there (the path moved or turned quieter): the assistant's own
+                # voice, which the VAD calls speech.
+                return frame
             return _pcm16(cancelled_line[2])
         return frame
 
@@ -1145,6 +1195,14 @@ class EchoGate:
         where 450 ms was learned paused and cut the assistant). Counts toward the
         run's COPY_CHECK_FRAMES when it is no such copy.
         """
+        if self._copy_beyond_delay(slot, delay):
+            return True
+        self._checked_run += 1
+        return False
+
+    def _copy_beyond_delay(self, slot: int, delay: int) -> bool:
+        """Whether the frame as heard is a copy (``echo_copy``) of what was played at a
+        lag away from the known delay: the echo path moved, and the delay goes."""
         spread = self._spread
         lo, hi = self._lag_min, self._lag_max + spread
         if float(self._render_env.window(slot - lo, hi - lo + 1).max()) <= _ENVELOPE_FLOOR_DBFS:
@@ -1153,7 +1211,6 @@ class EchoGate:
         if best >= self._config.echo_copy and self._beyond_delay(lag, delay):
             self._forget_delay(slot)
             return True
-        self._checked_run += 1
         return False
 
     def _noise_floor(self, slot: int) -> float:

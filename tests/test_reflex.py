@@ -481,6 +481,46 @@ def test_an_echo_path_that_moves_mid_call_pauses_nothing(speaker: str) -> None:
     assert not rig.actions_of(SpeechStarted)
 
 
+@pytest.mark.parametrize("speaker", ["aepyx", "arctic_slt", "ast_ru_ivrvoice"])
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [((150.0, 30.0), (400.0, 10.0)), ((450.0, 10.0), (100.0, 30.0))],
+    ids=["louder", "quieter"],
+)
+def test_an_echo_path_that_moves_under_a_passing_bus_cuts_nothing(
+    speaker: str, before: tuple[float, float], after: tuple[float, float]
+) -> None:
+    """At 8 s the echo path moves while the tune split's bus goes by (7-9.8 s, -30 dBFS).
+
+    The bus holds the gate's verdict at near end, so the checks at the run's start
+    never saw the move. Louder: the VAD heard the new echo under the bus. Quieter: the
+    line canceller's residual held its prediction of the echo that had gone, the
+    assistant's own voice. Both paused and cut the assistant, all six cases
+    (bench/moved_under_noise.py). Now the run is checked again for a copy at another
+    lag (MOVED_RECHECK_FRAMES), and a residual louder than the frame heard is neither
+    near end nor what the VAD hears.
+    """
+    from bench.eval_corpus import noise_bursts, scale_to_dbfs, utterances
+
+    bus = next(b for b in noise_bursts("tune") if b.kind == "traffic")
+    voice = b"".join(u.pcm24 for u in utterances("tune") if u.speaker == speaker)
+    need = 12 * RATE * 2
+    voice = scale_to_dbfs((voice * (need // len(voice) + 1))[:need], -18.0)
+    rig = ReflexRig(
+        seconds=13.0,
+        echo_delay_ms=before[0],
+        echo_loss_db=before[1],
+        noise_dbfs=-75.0,
+        echo_changes=(EchoPath(8.0, *after),),
+        config=ReflexConfig(pause_on=PauseOn.SPEECH),
+    )
+    rig.say(voice, "reply", at_s=0.5)
+    rig.caller_audio(scale_to_dbfs(bus.pcm24, -30.0), at_s=7.0)
+    rig.run()
+    assert not [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted], rig.clears_ms
+    assert rig.audible_pauses <= 1, (rig.clears_ms, rig.holes_ms)
+
+
 class _CallsEverythingSpeech:
     """A VAD that calls every frame speech, line noise included."""
 
