@@ -37,8 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.eval_corpus import Utterance, utterances
-from bench.reflex import MID_CALL_ECHO, PLAYOUT_S, SEED, Line, assistant_voices, false_run
+from bench.reflex import MID_CALL_ECHO, PLAYOUT_S, SEED, Line, false_run, split_voices
 from rutster.gateway.server import limit_numeric_threads
 
 #: Active level of the assistant's voice on the line it is sent down (dBFS): a loud
@@ -139,6 +138,16 @@ class GroupTally:
         return self.runs * PLAYOUT_S / 60.0
 
 
+def with_total(tallies: dict[str, GroupTally]) -> list[tuple[str, GroupTally]]:
+    """The rows of a table: each group's tally, then ``("all", their sum)``."""
+    total = GroupTally(
+        pauses=sum(t.pauses for t in tallies.values()),
+        cuts=sum(t.cuts for t in tallies.values()),
+        runs=sum(t.runs for t in tallies.values()),
+    )
+    return [*tallies.items(), ("all", total)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--split", choices=("heldout", "tune"), default="heldout")
@@ -146,10 +155,7 @@ def main() -> None:
     args = parser.parse_args()
     limit_numeric_threads()  # as rutster serve runs the engine
     started = time.perf_counter()
-    speakers: dict[str, list[Utterance]] = {}
-    for u in utterances(args.split):
-        speakers.setdefault(u.speaker, []).append(u)
-    voices = assistant_voices(speakers)
+    voices = split_voices(args.split)
     if args.quick:
         voices = voices[:2]
     grid = conditions(args.quick)
@@ -170,12 +176,7 @@ def main() -> None:
     print(
         f"{'group':8} {'minutes':>8} {'pauses':>7} {'cuts':>5} {'pauses/min':>11} {'cuts/min':>9}"
     )
-    total = GroupTally()
-    for group, tally in [*tallies.items(), ("all", total)]:
-        if group != "all":
-            total.pauses += tally.pauses
-            total.cuts += tally.cuts
-            total.runs += tally.runs
+    for group, tally in with_total(tallies):
         print(
             f"{group:8} {tally.minutes:8.1f} {tally.pauses:7d} {tally.cuts:5d} "
             f"{tally.pauses / tally.minutes:11.3f} {tally.cuts / tally.minutes:9.3f}"

@@ -30,13 +30,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from bench.echo_alone import PATHS, QUIET_LINE_DBFS
-from bench.eval_corpus import NoiseBurst, Utterance, noise_bursts, scale_to_dbfs, utterances
-from bench.reflex import CONFIG, SEED, assistant_voices
+from bench.echo_alone import PATHS, QUIET_LINE_DBFS, GroupTally, with_total
+from bench.eval_corpus import NoiseBurst, noise_bursts, scale_to_dbfs
+from bench.reflex import CONFIG, SEED, split_voices
 from rutster.gateway.server import limit_numeric_threads
 from rutster.protocols.tap import SpeechStarted
 from tests.support.engine_rig import RATE, EchoPath, ReflexRig
@@ -53,15 +52,6 @@ VOICE_AT_S = 0.3
 OFFSETS_S = (-1.0, -0.3, 0.2)
 #: Level of the noise (dBFS), drawn per run: bench/reflex.py's noise-alone range.
 LEVELS_DBFS = (-35.0, -15.0)
-
-
-@dataclass
-class KindTally:
-    """Runs, pauses and cuts of one kind of noise."""
-
-    runs: int = 0
-    pauses: int = 0
-    cuts: int = 0
 
 
 def run(
@@ -99,10 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     limit_numeric_threads()  # as rutster serve runs the engine
     started = time.perf_counter()
-    speakers: dict[str, list[Utterance]] = {}
-    for u in utterances(args.split):
-        speakers.setdefault(u.speaker, []).append(u)
-    voices = assistant_voices(speakers)
+    voices = split_voices(args.split)
     pairs = list(itertools.permutations(PATHS, 2))
     if args.quick:
         voices, pairs = voices[:2], pairs[:2]
@@ -114,12 +101,12 @@ def main() -> None:
         f"voices x {len(pairs)} path pairs x {len(noises)} noise recordings, "
         f"{RUN_S:.0f} s each, the move at {MOVE_S:.0f} s"
     )
-    tallies: dict[str, KindTally] = {}
+    tallies: dict[str, GroupTally] = {}
     for (name, voice), (a, b), noise in itertools.product(voices, pairs, noises):
         offset = float(rng.choice(OFFSETS_S))
         level = float(rng.uniform(*LEVELS_DBFS))
         pauses, cuts = run(voice, a, None if args.control else b, noise, offset, level)
-        tally = tallies.setdefault(noise.kind, KindTally())
+        tally = tallies.setdefault(noise.kind, GroupTally())
         tally.runs += 1
         tally.pauses += pauses
         tally.cuts += cuts
@@ -131,12 +118,7 @@ def main() -> None:
                 f"{noise.kind} ({noise.source}) at {level:.0f} dBFS, {offset:+.1f} s"
             )
     print(f"{'noise':10} {'runs':>5} {'pauses':>7} {'cuts':>5} {'cut runs %':>10}")
-    total = KindTally()
-    for kind, tally in [*sorted(tallies.items()), ("all", total)]:
-        if kind != "all":
-            total.runs += tally.runs
-            total.pauses += tally.pauses
-            total.cuts += tally.cuts
+    for kind, tally in with_total(dict(sorted(tallies.items()))):
         print(
             f"{kind:10} {tally.runs:5d} {tally.pauses:7d} {tally.cuts:5d} "
             f"{100.0 * tally.cuts / tally.runs:10.1f}"

@@ -273,6 +273,14 @@ def assistant_voices(speakers: dict[str, list[Utterance]]) -> list[tuple[str, by
     return voices
 
 
+def split_voices(split: str) -> list[tuple[str, bytes]]:
+    """:func:`assistant_voices` of every speaker of a split of the evaluation corpus."""
+    speakers: dict[str, list[Utterance]] = {}
+    for u in utterances(split):
+        speakers.setdefault(u.speaker, []).append(u)
+    return assistant_voices(speakers)
+
+
 #: The reflex settings every rig of this run uses (set from the command line).
 CONFIG = ReflexConfig()
 #: Whether WebRTC AEC3 runs in front of the echo gate (--echo-canceller).

@@ -7,15 +7,12 @@ import sys
 import pytest
 
 from bench import moved_under_noise
-from bench.eval_corpus import Utterance, noise_bursts, utterances
-from bench.reflex import assistant_voices
+from bench.eval_corpus import noise_bursts
+from bench.reflex import split_voices
 
 
 def _voice(name: str) -> bytes:
-    speakers: dict[str, list[Utterance]] = {}
-    for u in utterances("tune"):
-        speakers.setdefault(u.speaker, []).append(u)
-    return dict(assistant_voices(speakers))[name]
+    return dict(split_voices("tune"))[name]
 
 
 def test_a_path_moving_louder_under_a_passing_bus_is_not_cut() -> None:
