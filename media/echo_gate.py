@@ -400,9 +400,11 @@ COPY_CHECK_FRAMES = 2
 #: away from that delay: the path moved while something on the caller's side (a
 #: passing bus, a door) held the run open, so the checks at the run's start never saw
 #: it, and the VAD heard the assistant's own voice under the noise, paused and cut
-#: (bench/moved_under_noise.py, tune split: 106 of 504 runs cut). Chosen on that
-#: split: every 5 frames 14 cut, every 3 frames 11, bench/reflex.py's tune figures
-#: the same for both; 5 is fewer coherence tests in double talk. A copy at the known
+#: (tune split, a first grid of four moves x 3 voices x 7 noises x 3 offsets x 2
+#: levels: 106 of 504 runs cut). Chosen on that grid: every 5 frames 14 cut, every 3
+#: frames 11, bench/reflex.py's tune figures the same for both; 5 is fewer coherence
+#: tests in double talk (bench/moved_under_noise.py's tune split: 234 -> 156 cuts of
+#: 768 runs, 90 and 88 of them babble, which is talk). A copy at the known
 #: delay is not acted on here: a caller talking over a 6-10 dB echo correlates with
 #: the render there too.
 MOVED_RECHECK_FRAMES = 5
