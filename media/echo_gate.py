@@ -104,6 +104,17 @@ still hear a caller who talks over the assistant (double talk).
    and a copy of it (``echo_copy``) at a lag away from the known delay is the
    moved echo (``bench/echo_alone.py``'s moved lines).
 
+7. What the VAD hears of a frame judged echo alone is silence, on a line that
+   has shown echo: a delay found, or the line canceller's whole-range
+   alignment peaking twice at one lag (``ECHO_HINT_CORRELATION``, far under
+   what aligns it: echo under the line's noise, which no delay is found for).
+   On a line that has not, after ``ECHO_SEARCHES_BEFORE_VAD_HEARS`` searches,
+   a frame judged echo within ``VAD_HEARS_NEAR_NOISE_DB`` of the noise floor
+   is heard as it is: it is under a per-lag bound that the noise kept the gate
+   from proving, and it is the caller's quieter syllables or the noise. Silence
+   in their place chopped a quiet caller's words on a noisy line, and Silero
+   scored them as no speech.
+
 Optionally (``EchoGateConfig(canceller=True)``, needs the ``pywebrtc-audio``
 wheel) WebRTC's AEC3 echo canceller runs first, fed each capture frame with
 the render frame sent in the same slot: delay and correlation are still
@@ -181,7 +192,10 @@ __all__ = [
     "ECHO_CHECK_MS",
     "ECHO_COHERENCE",
     "ECHO_COPY",
+    "ECHO_HINT_CORRELATION",
+    "ECHO_HINT_LAG_SAMPLES",
     "ECHO_ONLY_CORRELATION",
+    "ECHO_SEARCHES_BEFORE_VAD_HEARS",
     "ERL_PERCENTILE",
     "ERL_SHIFT_DB",
     "ERL_SPREAD_DB",
@@ -205,6 +219,7 @@ __all__ = [
     "RENDER_AHEAD_MS",
     "RESIDUAL_COPY",
     "STALE_RESIDUAL_DB",
+    "VAD_HEARS_NEAR_NOISE_DB",
     "EchoCancellerUnavailableError",
     "EchoGate",
     "EchoGateConfig",
@@ -423,6 +438,33 @@ COHERENCE_NOISE_MARGIN_DB = 6.0
 #: Window of that noise floor: the endpointer's minimum-statistics window
 #: (media.endpointing NOISE_WINDOW_MS).
 COHERENCE_NOISE_WINDOW_MS = 1500.0
+#: A whole-range alignment's best correlation (media.line_echo, 500 ms of capture over
+#: every lag) that counts as a hint of echo when it fails ALIGN_MIN_CORRELATION: echo
+#: under the line's noise, which no delay is found for. Measured on the tune split
+#: (scratch: every tune voice for 30 s over seven noisy lines, a caller twice): on
+#: lines with no echo under -45 and -50 dBFS of noise, searches peaked at 0.03-0.07
+#: (one at 0.17 in 98); with 30 dB of echo under that noise, at 0.12-0.49 a call, at
+#: the echo's lag. Noise peaks at a random lag of thousands, so two at one lag
+#: (ECHO_HINT_LAG_SAMPLES) are echo.
+ECHO_HINT_CORRELATION = 0.1
+#: How near (8 kHz samples, 1 ms) two hints' delays must be to be one echo path: the
+#: line canceller aligns to the sample, and a path's delay does not move between
+#: two searches.
+ECHO_HINT_LAG_SAMPLES = 8
+#: A frame judged the assistant's echo within this much (dB) of the line's noise floor,
+#: on a line where no echo has been heard (no delay found, no ECHO_HINT_CORRELATION hint
+#: repeated), is heard by the VAD as it is, not as silence: it is under a bound the gate
+#: could not prove, too near the noise for the copy test (COHERENCE_NOISE_MARGIN_DB),
+#: and on such a line it is the caller's quieter syllables or the noise. Silence in
+#: their place chops a caller's words, and Silero scores chopped speech as none (tune
+#: split: a -31 dBFS caller on the -45 dBFS noise line scored 0.01-0.15, talked over).
+VAD_HEARS_NEAR_NOISE_DB = COHERENCE_NOISE_MARGIN_DB
+#: Whole-range alignments that must have found no echo before VAD_HEARS_NEAR_NOISE_DB
+#: applies: the first second of a call's echo searched closely
+#: (LINE_CANCELLER_SEARCHES_BEFORE_BACKOFF), so that echo under the noise is heard
+#: before the VAD is given any of it (tune split: with none, an assistant's first
+#: words over a 20 dB echo under -45 dBFS of noise paused it once).
+ECHO_SEARCHES_BEFORE_VAD_HEARS = 5
 
 #: Allowance taken off every proven ERL bound (measured, tests and
 #: bench/echo_gate.py): envelopes of echo alone wobble around render - ERL
@@ -597,7 +639,8 @@ class EchoVerdict:
     frame with the echo taken out); otherwise ``cancelled`` is None.
     ``vad_frame`` is the frame as the VAD should hear it (:meth:`EchoGate._vad_frame`):
     the canceller's output when one is on, silence for a frame judged the
-    assistant's echo alone, the line canceller's residual once it is trusted
+    assistant's echo alone (the frame itself near the noise of a line that has
+    shown no echo), the line canceller's residual once it is trusted
     (unless ``STALE_RESIDUAL_DB`` louder than the frame), else the frame itself.
     """
 
@@ -698,6 +741,9 @@ class EchoGate:
         "_config",
         "_delay",
         "_echo_check",
+        "_echo_heard",
+        "_echo_hint_lag",
+        "_echo_searches",
         "_erl",
         "_erl_count",
         "_erl_index",
@@ -818,6 +864,11 @@ class EchoGate:
         self._run_frames = 0
         self._lec_aligned_for: int | None = None
         self._until_update = self._update_every
+        # Whether this line has shown echo (a delay found, or a repeated alignment hint):
+        # from then on a frame judged echo is silence to the VAD (VAD_HEARS_NEAR_NOISE_DB).
+        self._echo_heard = False
+        self._echo_hint_lag: int | None = None
+        self._echo_searches = 0
         self._forget_delay()
 
     # ---- read-only state -----------------------------------------------------
@@ -831,6 +882,11 @@ class EchoGate:
     def delay_ms(self) -> float | None:
         """Current echo delay estimate (send time to arrival), None until found."""
         return None if self._delay is None else float(self._delay * FRAME_MS)
+
+    @property
+    def echo_heard(self) -> bool:
+        """Whether this line has shown echo: a delay found, or a repeated alignment hint."""
+        return self._echo_heard
 
     @property
     def erl_db(self) -> float:
@@ -1033,7 +1089,7 @@ class EchoGate:
         if not near_end:
             self._checked_run = 0
             self._run_frames = 0
-        vad_frame = self._vad_frame(frame, cancelled, cancelled_line, near_end, level)
+        vad_frame = self._vad_frame(frame, cancelled, cancelled_line, near_end, level, slot)
         if render_peak > _ENVELOPE_FLOOR_DBFS and (
             render_peak - self._min_erl >= self._near_end_floor
         ):
@@ -1093,6 +1149,7 @@ class EchoGate:
         cancelled_line: tuple[float, float, npt.NDArray[np.float64]] | None,
         near_end: bool,
         level: float,
+        slot: int,
     ) -> bytes:
         """The frame as the VAD should hear it: what this gate leaves of the caller.
 
@@ -1104,6 +1161,12 @@ class EchoGate:
         if cancelled is not None:
             return cancelled  # WebRTC AEC3's output
         if not near_end and level >= self._near_end_floor:
+            if (
+                not self._echo_heard
+                and self._echo_searches >= ECHO_SEARCHES_BEFORE_VAD_HEARS
+                and level < self._noise_floor(slot) + VAD_HEARS_NEAR_NOISE_DB
+            ):
+                return frame  # no echo heard on this line, and this is at its noise
             return _SILENT_FRAME  # the assistant's echo alone: nothing of the caller
         lec = self._lec
         if cancelled_line is not None and lec is not None and lec.trusted:
@@ -1252,7 +1315,9 @@ class EchoGate:
             self._lec_search_wait -= 1  # the last searches found nothing: back off
             return
         low_ms, high_ms = lo * FRAME_MS, hi * FRAME_MS
-        if lec.align((low_ms + high_ms) / 2, (high_ms - low_ms) / 2):
+        found = lec.align((low_ms + high_ms) / 2, (high_ms - low_ms) / 2)
+        self._note_echo_hint(lec, found)
+        if found:
             self._restart_search()
         else:
             self._lec_search_failures += 1
@@ -1262,6 +1327,20 @@ class EchoGate:
                     2 * self._lec_search_backoff, self._lec_search_longest
                 )
         self._lec_aligned_for = None
+
+    def _note_echo_hint(self, lec: LineEchoCanceller, found: bool) -> None:
+        """After a whole-range alignment: has this line shown echo (ECHO_HINT_CORRELATION)?"""
+        self._echo_searches += 1
+        if found:
+            self._echo_heard = True
+            return
+        lag = lec.best_delay
+        if lec.best_correlation < ECHO_HINT_CORRELATION or lag is None:
+            return
+        last = self._echo_hint_lag
+        if last is not None and abs(lag - last) <= ECHO_HINT_LAG_SAMPLES:
+            self._echo_heard = True
+        self._echo_hint_lag = lag
 
     def _restart_search(self) -> None:
         """Whole-range alignments at full rate again (LINE_CANCELLER_SEARCH_BACKOFF_MS)."""
@@ -1366,6 +1445,7 @@ class EchoGate:
             # learned from echo alone at it.
             self._forget_delay(slot)
             self._delay = best_lag
+            self._echo_heard = True
             self._seed_evidence(slot, best_lag)
         elif (
             best_lag != current

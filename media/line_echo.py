@@ -211,6 +211,11 @@ class LineEchoCanceller:
         self._capture = np.zeros(self._align + WAVE_FRAME)
         self._capture_end: int | None = None
         self.delay: int | None = None  # samples, capture position - render position
+        #: The last alignment's best correlation and its delay (samples), found or not:
+        #: a weak peak that comes back at one lag is echo under the line's noise
+        #: (media.echo_gate ECHO_HINT_CORRELATION).
+        self.best_correlation = 0.0
+        self.best_delay: int | None = None
         self._r = np.zeros(config.taps)  # render autocorrelation, lags 0..taps-1
         self._p = np.zeros(config.taps)  # cross-correlation with the capture
         self._w = np.zeros(config.taps)
@@ -291,7 +296,8 @@ class LineEchoCanceller:
         """Find the echo's delay to the sample within ``delay_ms`` ± ``spread_ms``.
 
         Returns whether a delay was found (the capture correlates with the
-        render there); a new delay restarts the fit.
+        render there); a new delay restarts the fit. The best correlation and
+        its delay are kept either way (``best_correlation``, ``best_delay``).
         """
         end = self._capture_end
         if end is None:
@@ -305,9 +311,11 @@ class LineEchoCanceller:
         if not len(ncc):
             return False
         best = int(np.argmax(ncc))
+        delay = hi - best
+        self.best_correlation = float(ncc[best])
+        self.best_delay = delay
         if ncc[best] < ALIGN_MIN_CORRELATION:
             return False
-        delay = hi - best
         if self.delay is None or abs(delay - self.delay) > 2:
             self.delay = delay
             self._restart()

@@ -139,3 +139,25 @@ def test_normalised_xcorr_matches_the_direct_sum(render_len: int) -> None:
     )
     np.testing.assert_allclose(ncc, direct, atol=1e-9)
     assert int(ncc.argmax()) == 100
+
+
+def test_a_failed_alignment_keeps_its_best_peak() -> None:
+    """Echo far under noise: no delay is found, but the best peak sits at the echo's lag.
+
+    (media.echo_gate ECHO_HINT_CORRELATION reads ``best_correlation`` and
+    ``best_delay`` of the failed searches.) Independent speech peaks lower, anywhere.
+    """
+    render = _speech(2.5, 3.0)
+    rng = np.random.default_rng(3)
+    echo = _echo(render, 0.5)
+    noise = rng.normal(0.0, 2.0 * float(np.sqrt(np.mean(echo**2))), len(echo))
+    lec = LineEchoCanceller()
+    _run(lec, render, echo + noise)
+    assert lec.delay is None
+    assert 0.1 <= lec.best_correlation < 0.5
+    assert lec.best_delay is not None
+    peak = DELAY_SAMPLES + int(np.argmax(np.abs(ECHO_PATH)))
+    assert abs(lec.best_delay - peak) <= 2
+    other = LineEchoCanceller()
+    _run(other, render, _speech(11.7, 3.0) * 0.5)
+    assert other.delay is None and other.best_correlation < 0.1

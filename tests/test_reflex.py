@@ -12,6 +12,8 @@ import pytest
 
 from bench.eval_corpus import Utterance
 from rutster.gateway.reflex import ClearProvider, PauseOn, ReflexConfig, ReflexState
+from rutster.media import echo_gate
+from rutster.media.echo_gate import NEAR_END_FLOOR_DBFS
 from rutster.media.endpointing import frame_level_dbfs
 from rutster.media.resample import StreamResampler
 from rutster.protocols.ingress import ClearPlayback
@@ -598,6 +600,9 @@ def test_an_echo_delay_found_on_turn_taking_alone_does_not_hide_the_caller(
     # The call as it ran when found: confirmation at Silero's own 0.5 (the history
     # that led the gate to the false delay; CONFIRM_PROBABILITY changed it since).
     monkeypatch.setattr(bench.reflex, "CONFIG", ReflexConfig(confirm_probability=0.5))
+    # And the VAD hearing silence for every frame judged echo, as it did then (it now
+    # hears the frames near this line's noise: VAD_HEARS_NEAR_NOISE_DB).
+    monkeypatch.setattr(echo_gate, "ECHO_SEARCHES_BEFORE_VAD_HEARS", 2**62)
     speaker = "fillets_nl_v"
     speakers: dict[str, list[Utterance]] = {}
     for u in utterances("tune"):
@@ -729,3 +734,70 @@ def test_the_hard_lines_move_their_echo_and_set_the_assistants_level() -> None:
     # Louder than the voices come (-18), as far as the peaks allow (never clipped).
     assert -18.0 + 1.0 < active_level_dbfs(loud.voice(voice)) <= -10.0 + 0.5
     assert moved.voice(voice) is voice  # no level set: the voice as it comes
+
+
+@pytest.mark.parametrize(("utterance", "level"), [(0, -35.0), (1, -35.0), (1, -31.0), (4, -35.0)])
+def test_a_quiet_caller_on_a_noisy_line_with_no_echo_is_heard(utterance: int, level: float) -> None:
+    """A quiet caller over the assistant on a -45 dBFS noise line with no echo is cut in.
+
+    The line's noise keeps the gate's per-lag bounds unproven, so it judged the
+    caller's quieter syllables (a few dB over the noise) as possible echo, and the VAD
+    heard silence in their place: Silero scored the chopped words 0.01-0.15, the pause
+    resumed, and the assistant talked on over the caller (tune split, fillets_nl_v;
+    each case here was talked over before). Now, on a line where no echo was heard,
+    such frames reach the VAD as they are (VAD_HEARS_NEAR_NOISE_DB).
+    """
+    from bench.eval_corpus import scale_to_dbfs, utterances
+
+    caller = [u for u in utterances("tune") if u.speaker == "fillets_nl_v"][utterance]
+    voice = b"".join(u.pcm24 for u in utterances("tune") if u.speaker == "aepyx")
+    need = 20 * RATE * 2
+    voice = scale_to_dbfs((voice * (need // len(voice) + 1))[:need], -18.0)
+    rig = ReflexRig(
+        seconds=12.0,
+        echo_loss_db=None,
+        noise_dbfs=-45.0,
+        config=ReflexConfig(pause_on=PauseOn.SPEECH),
+    )
+    rig.say(voice, "reply", at_s=0.5)
+    rig.caller_audio(scale_to_dbfs(caller.pcm24, level), at_s=6.0)
+    rig.run()
+    assert not rig.echo.echo_heard
+    assert [a for _, a in rig.actions_of(SpeechStarted) if a.interrupted], rig.clears_ms
+
+
+@pytest.mark.parametrize(
+    ("speaker", "delay_ms"),
+    [("ast_ru_ivrvoice", 400.0), ("ast_ru_ivrvoice", 120.0), ("alsa_voice", 120.0)],
+)
+def test_echo_under_the_line_noise_is_heard_as_echo(speaker: str, delay_ms: float) -> None:
+    """Echo 30 dB under -45 dBFS of noise: no delay is found, but the gate hears echo.
+
+    The line canceller's whole-range searches peak, weakly, at the echo's lag again
+    and again (ECHO_HINT_CORRELATION), so from then on every frame judged echo is
+    silence to the VAD, as on any line with echo: the assistant's voice under the
+    noise does not reach it.
+    """
+    from bench.eval_corpus import scale_to_dbfs, utterances
+
+    voice = b"".join(u.pcm24 for u in utterances("tune") if u.speaker == speaker)
+    need = 20 * RATE * 2
+    voice = scale_to_dbfs((voice * (need // len(voice) + 1))[:need], -18.0)
+    rig = ReflexRig(
+        seconds=21.0,
+        echo_loss_db=30.0,
+        echo_delay_ms=delay_ms,
+        noise_dbfs=-45.0,
+        config=ReflexConfig(pause_on=PauseOn.SPEECH),
+    )
+    rig.say(voice, "reply", at_s=0.5)
+    rig.run()
+    assert rig.echo.delay_ms is None
+    assert rig.echo.echo_heard
+    judged_echo = [
+        v
+        for t, v in zip(rig.verdict_times_ms, rig.verdicts, strict=True)
+        if t >= 3000.0 and not v.near_end and v.capture_dbfs >= NEAR_END_FLOOR_DBFS
+    ]
+    assert judged_echo
+    assert all(v.vad_frame == bytes(len(v.vad_frame)) for v in judged_echo)
