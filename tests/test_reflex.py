@@ -35,6 +35,15 @@ from tests.support.engine_rig import (
 CALLER_FROM_S = 9.0
 
 
+def _tune_voice(speaker: str, seconds: float) -> bytes:
+    """A tune-split speaker's prompts end to end, looped to ``seconds``, at -18 dBFS."""
+    from bench.eval_corpus import scale_to_dbfs, utterances
+
+    voice = b"".join(u.pcm24 for u in utterances("tune") if u.speaker == speaker)
+    need = int(seconds * RATE) * 2
+    return scale_to_dbfs((voice * (need // len(voice) + 1))[:need], -18.0)
+
+
 def speech_24k(start_s: float, seconds: float) -> bytes:
     pcm = read_wav_8k(SPEECH_WAV)
     a = int(start_s * 8000) * 2
@@ -464,11 +473,8 @@ def test_an_echo_path_that_moves_mid_call_pauses_nothing(speaker: str) -> None:
     goes. Before, the gate took the new echo for the caller until it had
     relearned, and the assistant paused and was cut (tune voices, speech rule).
     """
-    from bench.eval_corpus import scale_to_dbfs, utterances
 
-    voice = b"".join(u.pcm24 for u in utterances("tune") if u.speaker == speaker)
-    need = 40 * RATE * 2
-    voice = scale_to_dbfs((voice * (need // len(voice) + 1))[:need], -18.0)
+    voice = _tune_voice(speaker, 40.0)
     rig = ReflexRig(
         seconds=41.0,
         echo_delay_ms=150.0,
@@ -502,12 +508,10 @@ def test_an_echo_path_that_moves_under_a_passing_bus_cuts_nothing(
     lag (MOVED_RECHECK_FRAMES), and a residual louder than the frame heard is neither
     near end nor what the VAD hears.
     """
-    from bench.eval_corpus import noise_bursts, scale_to_dbfs, utterances
+    from bench.eval_corpus import noise_bursts, scale_to_dbfs
 
     bus = next(b for b in noise_bursts("tune") if b.kind == "traffic")
-    voice = b"".join(u.pcm24 for u in utterances("tune") if u.speaker == speaker)
-    need = 12 * RATE * 2
-    voice = scale_to_dbfs((voice * (need // len(voice) + 1))[:need], -18.0)
+    voice = _tune_voice(speaker, 12.0)
     rig = ReflexRig(
         seconds=13.0,
         echo_delay_ms=before[0],
@@ -750,9 +754,7 @@ def test_a_quiet_caller_on_a_noisy_line_with_no_echo_is_heard(utterance: int, le
     from bench.eval_corpus import scale_to_dbfs, utterances
 
     caller = [u for u in utterances("tune") if u.speaker == "fillets_nl_v"][utterance]
-    voice = b"".join(u.pcm24 for u in utterances("tune") if u.speaker == "aepyx")
-    need = 20 * RATE * 2
-    voice = scale_to_dbfs((voice * (need // len(voice) + 1))[:need], -18.0)
+    voice = _tune_voice("aepyx", 20.0)
     rig = ReflexRig(
         seconds=12.0,
         echo_loss_db=None,
@@ -778,11 +780,8 @@ def test_echo_under_the_line_noise_is_heard_as_echo(speaker: str, delay_ms: floa
     silence to the VAD, as on any line with echo: the assistant's voice under the
     noise does not reach it.
     """
-    from bench.eval_corpus import scale_to_dbfs, utterances
 
-    voice = b"".join(u.pcm24 for u in utterances("tune") if u.speaker == speaker)
-    need = 20 * RATE * 2
-    voice = scale_to_dbfs((voice * (need // len(voice) + 1))[:need], -18.0)
+    voice = _tune_voice(speaker, 20.0)
     rig = ReflexRig(
         seconds=21.0,
         echo_loss_db=30.0,
