@@ -94,7 +94,9 @@ still hear a caller who talks over the assistant (double talk).
    not yet cancel well. Once it cancels at least its ``min_erle_db``, a frame
    the energies call echo is near end when what the canceller leaves stands
    ``LINE_CANCELLER_MARGIN_DB`` above the echo it should leave (its estimate
-   less its measured ERLE) and is no copy of the render (``RESIDUAL_COPY``).
+   less its measured ERLE) and ``RESIDUAL_NOISE_MARGIN_DB`` above the quietest
+   it left of late (the line's noise, with the echo it could not take off),
+   and is no copy of the render (``RESIDUAL_COPY``).
    That hears a caller under a 6-10 dB echo, which energy cannot. The VAD hears
    that residual, unless it is ``STALE_RESIDUAL_DB`` louder than the frame
    itself: the canceller adding its prediction of an echo that has gone (the
@@ -218,6 +220,7 @@ __all__ = [
     "PROOF_WOBBLE_DB",
     "RENDER_AHEAD_MS",
     "RESIDUAL_COPY",
+    "RESIDUAL_NOISE_MARGIN_DB",
     "STALE_RESIDUAL_DB",
     "VAD_HEARS_NEAR_NOISE_DB",
     "EchoCancellerUnavailableError",
@@ -388,6 +391,19 @@ LINE_CANCELLER_SEARCH_BACKOFF_MS = 1600.0
 #: recorded calls: 6 / 9 / 12 dB left 15 / 10 / 9 two-frame near-end runs on echo
 #: alone at 6 dB ERL (6.5 min), with the same detection.
 LINE_CANCELLER_MARGIN_DB = 12.0
+#: How far above the line canceller's residual floor (its quietest residual of the last
+#: COHERENCE_NOISE_WINDOW_MS; none until it has left one in every frame of that window)
+#: its residual must stand to be the caller. What it leaves at that floor is the line's
+#: noise and the echo it could not take off, and on a noisy line that already meets
+#: LINE_CANCELLER_MARGIN_DB: the VAD then heard the residual of the assistant's voice
+#: under -45 dBFS of noise, paused the assistant, and resumed (tune split,
+#: bench/echo_alone.py: 3 of its 12 pauses, 10 dB of echo under -45 dBFS of noise).
+#: 3 dB is an equal-power sum: something as loud as that floor was added to it. Chosen
+#: on the tune split: 3, 6 and 9 dB all took those 3 pauses (12 -> 9); bench/reflex.py's
+#: standard lines were unchanged by 3 dB (6: one noise-alone pause fewer) and its hard
+#: lines' noise alone made 12 cuts against 11 without (6: 13); README, "Echo the line
+#: canceller leaves at the line's noise".
+RESIDUAL_NOISE_MARGIN_DB = 3.0
 #: How much louder than the frame heard the line canceller's residual must be for
 #: the VAD to hear the frame instead: the canceller then added a prediction at least
 #: as loud as the frame (uncorrelated sounds of equal power add 3 dB), an echo that
@@ -777,6 +793,7 @@ class EchoGate:
         "_render_pcm",
         "_render_size",
         "_render_wave",
+        "_residual_env",
         "_residual_wave",
         "_run_frames",
         "_spread",
@@ -808,6 +825,8 @@ class EchoGate:
         )
         self._render_env = _SlotRing(self._render_size)
         self._capture_env = _SlotRing(self._window)
+        # The line canceller's residual level per slot (the floor where it left none).
+        self._residual_env = _SlotRing(self._noise_window)
         # Levels judged: the capture's, or the canceller output's when it runs.
         self._judged_env = _SlotRing(self._window) if config.canceller else self._capture_env
         self._erl_ratios: npt.NDArray[np.float64] = np.zeros(ms_to_frames(config.erl_window_ms))
@@ -853,6 +872,7 @@ class EchoGate:
         self._capture_wave.fill(0.0)
         self._residual_wave.fill(0.0)
         self._capture_env.clear()
+        self._residual_env.clear()
         self._judged_env.clear()
         self._render_pcm.clear()
         self._render_head: int | None = None
@@ -949,6 +969,7 @@ class EchoGate:
                 # Audio went missing: restart the timeline at the arrival
                 # time, and trust no delay until one is found on it again.
                 self._capture_env.silence(head + 1, slot - 1)
+                self._residual_env.silence(head + 1, slot - 1)
                 self._judged_env.silence(head + 1, slot - 1)
                 self._forget_delay(slot - 1)
                 if self._lec is not None:
@@ -964,6 +985,12 @@ class EchoGate:
         wave[:WAVE_FRAME] = wave[WAVE_FRAME:]
         wave[WAVE_FRAME:] = band
         cancelled_line = None if self._lec is None else self._lec.capture(band, now_ms)
+        self._residual_env.put(
+            slot,
+            _ENVELOPE_FLOOR_DBFS
+            if cancelled_line is None
+            else max(cancelled_line[0], _ENVELOPE_FLOOR_DBFS),
+        )
         residual = self._residual_wave
         residual[:WAVE_FRAME] = residual[WAVE_FRAME:]
         residual[WAVE_FRAME:] = band if cancelled_line is None else cancelled_line[2]
@@ -1036,6 +1063,7 @@ class EchoGate:
                         self._near_end_floor,
                         COHERENCE_FLOOR_DBFS,
                         cancelled_line[1] - self._lec.erle_db + LINE_CANCELLER_MARGIN_DB,
+                        self._residual_floor(slot) + RESIDUAL_NOISE_MARGIN_DB,
                     )
                 )
                 if by_residual:
@@ -1282,6 +1310,11 @@ class EchoGate:
         """The quietest frame heard over the last ``COHERENCE_NOISE_WINDOW_MS`` (dBFS)."""
         count = min(self._capture_count, self._noise_window)
         return float(self._capture_env.window(slot, count).min())
+
+    def _residual_floor(self, slot: int) -> float:
+        """The line canceller's quietest residual over the last ``COHERENCE_NOISE_WINDOW_MS``
+        (dBFS): the envelope floor unless it left a residual in every frame of it."""
+        return float(self._residual_env.window(slot, self._noise_window).min())
 
     def _align_line_canceller(self, slot: int) -> None:
         """Point the line canceller at the echo, to the sample.

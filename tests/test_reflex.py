@@ -800,3 +800,21 @@ def test_echo_under_the_line_noise_is_heard_as_echo(speaker: str, delay_ms: floa
     ]
     assert judged_echo
     assert all(v.vad_frame == bytes(len(v.vad_frame)) for v in judged_echo)
+
+
+@pytest.mark.parametrize("delay_ms", [120.0, 400.0])
+def test_what_the_line_canceller_leaves_at_the_line_noise_pauses_nothing(delay_ms: float) -> None:
+    """The assistant alone over a 10 dB echo under -45 dBFS of noise: never paused.
+
+    The line canceller takes the echo down to the line's noise, and what it leaves
+    there stood LINE_CANCELLER_MARGIN_DB over the echo it should leave: it was called
+    the caller, and the VAD, hearing the residual of the assistant's own voice, paused
+    the assistant (tune split, bench/echo_alone.py; both cases paused before). A
+    residual must now also stand RESIDUAL_NOISE_MARGIN_DB over the canceller's floor.
+    """
+    from bench.reflex import Line, false_run, split_voices
+
+    voice = dict(split_voices("tune"))["fillets_nl_v"]
+    line = Line("noisy echo", noise_dbfs=-45.0, delay_ms=delay_ms, loss_db=10.0)
+    pauses, cuts, _, _ = false_run(line, voice, [], np.random.default_rng(0))
+    assert (pauses, cuts) == (0, 0)
