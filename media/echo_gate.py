@@ -471,7 +471,7 @@ COHERENCE_NOISE_WINDOW_MS = 1500.0
 #: heard echo on 28 of 32 noisy-line runs against 30 (0.12: the same no-echo calls
 #: clear); bench/echo_alone.py's pauses 9 -> 7 (0.12: 9, 0.2: 10), bench/reflex.py's
 #: -45 dBFS line's pause P95 190 -> 180 ms, its other figures the same (README,
-#: "Echo alone over many lines").
+#: "Chance peaks counted as echo").
 ECHO_HINT_CORRELATION = 0.15
 #: How near (8 kHz samples, 1 ms) two hints' delays must be to be one echo path: the
 #: line canceller aligns to the sample, and a path's delay does not move between
