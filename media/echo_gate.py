@@ -166,6 +166,7 @@ from typing import Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
+from rutster.media import echo_kernels
 from rutster.media.endpointing import (
     DIGITAL_SILENCE_DBFS,
     frame_level_dbfs,
@@ -1248,39 +1249,24 @@ class EchoGate:
         lags = hi - lo + 1
         # window[j] is render slot slot - hi - spread + j; lag hi - k is window[k + spread].
         window = self._render_env.window(slot - lo + spread, lags + 2 * spread)
-        peak = float(window.max())
-        if peak <= _ENVELOPE_FLOOR_DBFS:
-            return DIGITAL_SILENCE_DBFS  # nothing played over the lag range: nothing to prove
-        if self._lags_clean:
-            # Every lag proven to the most any ERL may be (bounds only rise): nothing
-            # here can change, and the echo allowed is the loudest render less that.
-            return peak - self._config.max_erl_db if allowed else DIGITAL_SILENCE_DBFS
-        # Row j is the window shifted by j: the quietest and loudest over the spread
-        # in two reductions (a loop of minimum/maximum cost ~3x as much).
-        shifted: npt.NDArray[np.float64] = np.ndarray(
-            (2 * spread + 1, lags), np.float64, window, 0, (_ITEM, _ITEM)
+        config = self._config
+        echo, self._lags_clean = echo_kernels.prove_lags(
+            window,
+            self._proof,
+            self._lag_erl,
+            spread,
+            level,
+            config.proof_wobble_db,
+            config.max_erl_db,
+            self._min_erl,
+            self._proof_rise,
+            _ENVELOPE_FLOOR_DBFS,
+            DIGITAL_SILENCE_DBFS,
+            slot >= self._proof_start,
+            allowed,
+            self._lags_clean,
         )
-        quietest = shifted.min(axis=0)
-        if slot >= self._proof_start:
-            bound = np.where(
-                quietest > _ENVELOPE_FLOOR_DBFS,
-                quietest - level - self._config.proof_wobble_db,
-                -math.inf,
-            )
-            np.maximum(self._proof, np.minimum(bound, self._config.max_erl_db), out=self._proof)
-        target = np.maximum(self._proof, self._min_erl)
-        lag_erl = self._lag_erl
-        np.minimum(target, lag_erl + self._proof_rise, out=lag_erl)
-        self._lags_clean = float(lag_erl.min()) >= self._config.max_erl_db
-        if not allowed:
-            return DIGITAL_SILENCE_DBFS
-        loudest = shifted.max(axis=0)
-        # The weakest ERL within the spread of each lag (the echo may sit between).
-        weakest = lag_erl.copy()
-        for shift in range(1, spread + 1):
-            np.minimum(weakest[shift:], lag_erl[:-shift], out=weakest[shift:])
-            np.minimum(weakest[:-shift], lag_erl[shift:], out=weakest[:-shift])
-        return float((loudest - weakest).max())
+        return echo
 
     def _beyond_delay(self, lag: float, delay: int) -> bool:
         """Whether a copy found at ``lag`` (frames) lies more than a frame beyond the known

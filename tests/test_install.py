@@ -38,6 +38,7 @@ NOT_SOURCE = shutil.ignore_patterns(
     "out",
     "tests",
     "bench",
+    "*.so",  # the editable install's build of the C kernels: the install builds its own
 )
 #: The folders the repository keeps at its top level, which must install only
 #: under the rutster namespace.
@@ -58,9 +59,11 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
 
 
-def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
-    tmp_path: Path,
-) -> None:
+def _install_fresh(
+    tmp_path: Path, env_extra: dict[str, str] | None = None
+) -> tuple[Path, set[str]]:
+    """``pip install`` this checkout, non-editable, into a new virtualenv: its python, and
+    what its site-packages held before."""
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, symlinks=True, ignore=NOT_SOURCE)
     env = tmp_path / "fresh"
@@ -91,10 +94,19 @@ def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
         capture_output=True,
         text=True,
         timeout=INSTALL_TIMEOUT_S,
-        env=_clean_env(),
+        env={**_clean_env(), **(env_extra or {})},
         cwd=tmp_path,
     )
     assert install.returncode == 0, install.stdout + install.stderr
+    return python, before
+
+
+def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
+    tmp_path: Path,
+) -> None:
+    python, before = _install_fresh(tmp_path)
+    env = python.parent.parent
+    site = _site_packages(env)
 
     added = set(os.listdir(site)) - before
     dist_info = [name for name in added if name.endswith(".dist-info")]
@@ -110,8 +122,10 @@ def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
             str(python),
             "-c",
             "import importlib.util, rutster.gateway, rutster.media.demo_audio as a; "
+            "import rutster.media.echo_kernels as k; "
             f"print([n for n in {TOP_LEVEL_FOLDERS!r} if importlib.util.find_spec(n)]); "
-            "print(rutster.gateway.__file__); print(a.CALLER_SPEECH_8K.is_file())",
+            "print(rutster.gateway.__file__); print(a.CALLER_SPEECH_8K.is_file()); "
+            "print(k.COMPILED)",
         ],
         capture_output=True,
         text=True,
@@ -120,10 +134,11 @@ def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
         cwd=run,
         check=True,
     )
-    generic, package_file, audio_shipped = probe.stdout.splitlines()
+    generic, package_file, audio_shipped, compiled = probe.stdout.splitlines()
     assert generic == "[]"  # no top-level gateway, media, ... importable
     assert Path(package_file).is_relative_to(site)  # the install, not this checkout
     assert audio_shipped == "True"
+    assert compiled == "True"  # the echo gate's C kernels were built (a compiler is here)
 
     demo = subprocess.run(
         [str(env / "bin" / "rutster"), "demo", "--seconds", "5"],
@@ -135,6 +150,35 @@ def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "demo OK" in demo.stdout, demo.stdout + demo.stderr
+
+
+def test_without_a_c_compiler_the_install_still_works_on_the_numpy_kernels(
+    tmp_path: Path,
+) -> None:
+    """The echo gate's C kernels are an optional extension (setup.py): a machine with no
+    C compiler gets their numpy twins, the same verdicts, and a warning at start."""
+    python, _ = _install_fresh(tmp_path, {"CC": "/bin/false"})
+    probe = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import logging, rutster.media.echo_kernels as k; "
+            "from rutster.gateway.server import log_echo_kernels; "
+            "from rutster.media.echo_gate import EchoGate; "
+            "logging.basicConfig(); "
+            "print(k.COMPILED, k.prove_lags is k.prove_lags_numpy); "
+            "g = EchoGate(); g.render(bytes(range(256)) + bytes(64), 0.0); "
+            "print(g.capture(bytes(320), 200.0).near_end); log_echo_kernels()",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_clean_env(),
+        cwd=tmp_path,
+        check=True,
+    )
+    assert probe.stdout.splitlines() == ["False True", "False"], probe.stdout
+    assert "compiled kernels were not built" in probe.stderr, probe.stderr
 
 
 def test_every_module_imports_under_the_namespace_only() -> None:

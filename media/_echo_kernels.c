@@ -1,0 +1,196 @@
+/* Compiled per-frame kernels of the echo gate (media/echo_gate.py).
+ *
+ * Why by hand: the echo gate runs a few dozen numpy operations per 20 ms caller
+ * frame on arrays of ~30 values, and numpy's cost per call (~1-4 us, more inside a
+ * loaded gateway) is the whole of it; no library offers these loops. Each function
+ * here is the exact loop of the numpy code it replaces (same operations in the same
+ * order on IEEE doubles, so the same results), and the gate falls back to that numpy
+ * code when this module is not built (media/echo_kernels.py). Plain C on the buffer
+ * protocol: no numpy headers, nothing to build but a C compiler.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <string.h>
+
+/* A C-contiguous 1-D buffer of doubles; writable when asked. */
+static int
+get_doubles(PyObject *obj, Py_buffer *view, int writable, const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) {
+        return -1;
+    }
+    if (view->ndim != 1 || view->itemsize != sizeof(double) || view->format == NULL ||
+        strcmp(view->format, "d") != 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a 1-D contiguous float64 array", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+get_double(PyObject *obj, double *out)
+{
+    *out = PyFloat_AsDouble(obj);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+PyDoc_STRVAR(prove_lags_doc,
+"prove_lags(window, proof, lag_erl, spread, level, wobble, max_erl, min_erl, rise,\n"
+"           floor, silence, bound_on, allowed, clean) -> (echo, clean)\n\n"
+"media/echo_kernels.py prove_lags_numpy in C, the same steps in the same order:\n"
+"raise each lag's proven ERL bound from a frame at ``level`` and step ``lag_erl``\n"
+"towards it (both updated in place); returns the loudest echo any lag allows\n"
+"(``silence`` unless ``allowed``) and whether every lag is proven clean.");
+
+static PyObject *
+prove_lags(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 14) {
+        PyErr_Format(PyExc_TypeError, "prove_lags takes 14 arguments, got %zd", nargs);
+        return NULL;
+    }
+    double level, wobble, max_erl, min_erl, rise, floor_db, silence;
+    Py_ssize_t spread = PyLong_AsSsize_t(args[3]);
+    if (spread == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (get_double(args[4], &level) || get_double(args[5], &wobble) ||
+        get_double(args[6], &max_erl) || get_double(args[7], &min_erl) ||
+        get_double(args[8], &rise) || get_double(args[9], &floor_db) ||
+        get_double(args[10], &silence)) {
+        return NULL;
+    }
+    int bound_on = PyObject_IsTrue(args[11]);
+    int allowed = PyObject_IsTrue(args[12]);
+    int clean = PyObject_IsTrue(args[13]);
+    if (bound_on < 0 || allowed < 0 || clean < 0) {
+        return NULL;
+    }
+    Py_buffer wv, pv, ev;
+    if (get_doubles(args[0], &wv, 0, "window") < 0) {
+        return NULL;
+    }
+    if (get_doubles(args[1], &pv, 1, "proof") < 0) {
+        PyBuffer_Release(&wv);
+        return NULL;
+    }
+    if (get_doubles(args[2], &ev, 1, "lag_erl") < 0) {
+        PyBuffer_Release(&wv);
+        PyBuffer_Release(&pv);
+        return NULL;
+    }
+    const double *window = (const double *)wv.buf;
+    double *proof = (double *)pv.buf;
+    double *lag_erl = (double *)ev.buf;
+    Py_ssize_t lags = pv.shape[0];
+    Py_ssize_t span = 2 * spread + 1;
+    double echo = silence;
+    if (spread < 0 || lags < 1 || ev.shape[0] != lags || wv.shape[0] != lags + 2 * spread) {
+        PyErr_SetString(PyExc_ValueError,
+                        "need len(lag_erl) == len(proof) >= 1 and len(window) == lags + 2 * spread");
+        goto fail;
+    }
+
+    /* peak = window.max(); nothing played over the lag range: nothing to prove. */
+    double peak = window[0];
+    for (Py_ssize_t i = 1; i < wv.shape[0]; i++) {
+        if (window[i] > peak) {
+            peak = window[i];
+        }
+    }
+    if (peak <= floor_db) {
+        goto done;
+    }
+    if (clean) {
+        if (allowed) {
+            echo = peak - max_erl;
+        }
+        goto done;
+    }
+    /* quietest = shifted.min(axis=0); bound = where(quietest > floor,
+     * quietest - level - wobble, -inf); proof = maximum(proof, minimum(bound, max_erl));
+     * lag_erl = minimum(maximum(proof, min_erl), lag_erl + rise). */
+    int all_clean = 1;
+    for (Py_ssize_t j = 0; j < lags; j++) {
+        if (bound_on) {
+            double quietest = window[j];
+            for (Py_ssize_t k = 1; k < span; k++) {
+                if (window[j + k] < quietest) {
+                    quietest = window[j + k];
+                }
+            }
+            double bound = quietest > floor_db ? quietest - level - wobble : -INFINITY;
+            if (max_erl < bound) {
+                bound = max_erl;
+            }
+            if (bound > proof[j]) {
+                proof[j] = bound;
+            }
+        }
+        double target = proof[j] > min_erl ? proof[j] : min_erl;
+        double raised = lag_erl[j] + rise;
+        lag_erl[j] = raised < target ? raised : target;
+        if (!(lag_erl[j] >= max_erl)) {
+            all_clean = 0;
+        }
+    }
+    clean = all_clean;
+    if (allowed) {
+        /* max over lags of (loudest render within the spread - weakest ERL within it). */
+        double best = -INFINITY;
+        for (Py_ssize_t j = 0; j < lags; j++) {
+            double loudest = window[j];
+            for (Py_ssize_t k = 1; k < span; k++) {
+                if (window[j + k] > loudest) {
+                    loudest = window[j + k];
+                }
+            }
+            Py_ssize_t lo = j - spread < 0 ? 0 : j - spread;
+            Py_ssize_t hi = j + spread >= lags ? lags - 1 : j + spread;
+            double weakest = lag_erl[lo];
+            for (Py_ssize_t k = lo + 1; k <= hi; k++) {
+                if (lag_erl[k] < weakest) {
+                    weakest = lag_erl[k];
+                }
+            }
+            double allows = loudest - weakest;
+            if (allows > best) {
+                best = allows;
+            }
+        }
+        echo = best;
+    }
+done:
+    PyBuffer_Release(&wv);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&ev);
+    return Py_BuildValue("(dO)", echo, clean ? Py_True : Py_False);
+fail:
+    PyBuffer_Release(&wv);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&ev);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"prove_lags", (PyCFunction)(void (*)(void))prove_lags, METH_FASTCALL, prove_lags_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "rutster.media._echo_kernels",
+    "Compiled per-frame kernels of the echo gate (see media/echo_kernels.py).",
+    -1,
+    methods,
+};
+
+PyMODINIT_FUNC
+PyInit__echo_kernels(void)
+{
+    return PyModule_Create(&module);
+}

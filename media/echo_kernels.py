@@ -1,0 +1,103 @@
+"""The echo gate's per-frame kernels: compiled C where it was built, numpy otherwise.
+
+A loaded gateway pays numpy's cost per call (~1-4 µs) on every one of the few dozen
+small array steps the echo gate (:mod:`media.echo_gate`) takes per 20 ms caller frame,
+so those steps cost far more than their arithmetic. The steps that run on every frame
+are kept here twice: as numpy (the reference, and what runs where no C compiler was
+found when the package was built) and as the same loops in C (``media/_echo_kernels.c``,
+built by ``pip install`` as an optional extension). The two give the same results, bit
+for bit: the C loops take the same IEEE operations in the same order, and
+``tests/test_media_echo_kernels.py`` holds them to each other.
+
+Measured (bench/call_profile.py --timers, 20 echo calls on one core of the project's
+2-core VM, 2026-12-07): :func:`prove_lags` in numpy took 43 µs of the echo gate's
+150 µs per caller frame.
+"""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["COMPILED", "prove_lags", "prove_lags_numpy"]
+
+_ITEM = np.dtype(np.float64).itemsize
+
+
+def prove_lags_numpy(
+    window: npt.NDArray[np.float64],
+    proof: npt.NDArray[np.float64],
+    lag_erl: npt.NDArray[np.float64],
+    spread: int,
+    level: float,
+    wobble: float,
+    max_erl: float,
+    min_erl: float,
+    rise: float,
+    floor: float,
+    silence: float,
+    bound_on: bool,
+    allowed: bool,
+    clean: bool,
+    /,
+) -> tuple[float, bool]:
+    """One frame's step of the echo gate's per-lag ERL proofs (``EchoGate._prove_lags``).
+
+    ``window`` is the render envelope over the lag range and ``spread`` slots either
+    side (``len(proof) + 2 * spread`` levels, dBFS; lag ``k`` of ``proof`` reads
+    ``window[k : k + 2 * spread + 1]``). When ``bound_on``, each lag's proven bound
+    ``proof`` rises to (quietest render within the spread - ``level`` - ``wobble``),
+    at most ``max_erl``, where that render is over ``floor``; ``lag_erl`` then steps
+    towards max(``proof``, ``min_erl``) by at most ``rise``. Both arrays change in
+    place. Returns the loudest echo any lag allows (the loudest render within a lag's
+    spread less the weakest ``lag_erl`` within it; ``silence`` unless ``allowed``) and
+    whether every lag is now proven to ``max_erl`` (``clean``: nothing can change
+    any more). Nothing changes when no render in ``window`` is over ``floor``.
+    """
+    lags = len(proof)
+    peak = float(window.max())
+    if peak <= floor:
+        return silence, clean  # nothing played over the lag range: nothing to prove
+    if clean:
+        # Every lag proven to the most any ERL may be (bounds only rise): nothing
+        # here can change, and the echo allowed is the loudest render less that.
+        return (peak - max_erl if allowed else silence), clean
+    # Row j is the window shifted by j: the quietest and loudest over the spread
+    # in two reductions (a loop of minimum/maximum cost ~3x as much).
+    shifted: npt.NDArray[np.float64] = np.ndarray(
+        (2 * spread + 1, lags), np.float64, window, 0, (_ITEM, _ITEM)
+    )
+    quietest = shifted.min(axis=0)
+    if bound_on:
+        bound = np.where(quietest > floor, quietest - level - wobble, -math.inf)
+        np.maximum(proof, np.minimum(bound, max_erl), out=proof)
+    target = np.maximum(proof, min_erl)
+    np.minimum(target, lag_erl + rise, out=lag_erl)
+    clean = float(lag_erl.min()) >= max_erl
+    if not allowed:
+        return silence, clean
+    loudest = shifted.max(axis=0)
+    # The weakest ERL within the spread of each lag (the echo may sit between).
+    weakest = lag_erl.copy()
+    for shift in range(1, spread + 1):
+        np.minimum(weakest[shift:], lag_erl[:-shift], out=weakest[shift:])
+        np.minimum(weakest[:-shift], lag_erl[shift:], out=weakest[:-shift])
+    return float((loudest - weakest).max()), clean
+
+
+def _compiled() -> ModuleType | None:
+    try:  # built from media/_echo_kernels.c by pip install, where a C compiler was found
+        from rutster.media import _echo_kernels
+    except ImportError:
+        return None
+    return _echo_kernels
+
+
+_COMPILED_MODULE = _compiled()
+#: Whether the compiled kernels are in use (``rutster serve`` logs it at start).
+COMPILED = _COMPILED_MODULE is not None
+#: What the echo gate calls: the C kernel when built, else :func:`prove_lags_numpy`.
+prove_lags = prove_lags_numpy if _COMPILED_MODULE is None else _COMPILED_MODULE.prove_lags

@@ -1,0 +1,168 @@
+"""The echo gate's compiled kernels against their numpy reference (media/echo_kernels.py)."""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rutster.media import echo_kernels
+from rutster.media.echo_gate import EchoVerdict
+from rutster.media.resample import StreamResampler
+from rutster.tools.realtime_mock_voice import synthesize_reply
+from rutster.tools.twilio_simulator import read_wav_8k
+from tests.conftest import SPEECH_WAV
+from tests.support.engine_rig import (
+    RATE,
+    InterruptingCaller,
+    Interruption,
+    ReflexRig,
+    ScriptedBrain,
+)
+
+#: The echo gate's envelope floor and digital silence (media/echo_gate.py, endpointing.py).
+FLOOR = -70.0
+SILENCE = -100.0
+
+
+def _compiled() -> ModuleType:
+    """The C module; the suite's build must have made it (a C compiler is on every
+    machine the suite runs on, and a silent fallback would leave the C untested)."""
+    try:
+        from rutster.media import _echo_kernels
+    except ImportError as exc:  # pragma: no cover - a broken build
+        pytest.fail(f"the compiled echo kernels were not built: {exc} (pip install -e . again)")
+    return _echo_kernels
+
+
+def test_the_compiled_kernels_are_built_and_in_use() -> None:
+    kernels = _compiled()
+    assert echo_kernels.COMPILED
+    assert echo_kernels.prove_lags is kernels.prove_lags
+
+
+levels = st.floats(min_value=-110.0, max_value=0.0, allow_nan=False)
+erls = st.floats(min_value=-math.inf, max_value=60.0, allow_nan=False)
+
+
+@st.composite
+def _proof_cases(draw: st.DrawFn) -> tuple[Any, ...]:
+    spread = draw(st.integers(0, 3))
+    lags = draw(st.integers(1, 40))
+    size = lags + 2 * spread
+    window = np.array(draw(st.lists(levels, min_size=size, max_size=size)))
+    # Envelope slots are often exactly the floor (nothing played there).
+    window[np.array(draw(st.lists(st.booleans(), min_size=size, max_size=size)))] = FLOOR
+    proof = np.array(draw(st.lists(erls, min_size=lags, max_size=lags)))
+    lag_erl = np.array(
+        draw(st.lists(st.floats(-10.0, 60.0, allow_nan=False), min_size=lags, max_size=lags))
+    )
+    level = draw(levels)
+    max_erl = draw(st.floats(0.0, 60.0))
+    min_erl = draw(st.floats(0.0, max_erl))
+    return (
+        window,
+        proof,
+        lag_erl,
+        spread,
+        level,
+        draw(st.floats(0.0, 6.0)),
+        max_erl,
+        min_erl,
+        draw(st.floats(0.0, 1.0)),
+        FLOOR,
+        SILENCE,
+        draw(st.booleans()),
+        draw(st.booleans()),
+        draw(st.booleans()),
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(_proof_cases())
+def test_prove_lags_in_c_is_numpy_bit_for_bit(case: tuple[Any, ...]) -> None:
+    compiled = _compiled().prove_lags
+    window, proof, lag_erl, *rest = case
+    assert isinstance(proof, np.ndarray) and isinstance(lag_erl, np.ndarray)
+    c_proof, c_erl = proof.copy(), lag_erl.copy()
+    expected = echo_kernels.prove_lags_numpy(window, proof, lag_erl, *rest)
+    got = compiled(window, c_proof, c_erl, *rest)
+    assert got == expected
+    assert type(got[0]) is float and type(got[1]) is bool
+    assert np.array_equal(c_proof, proof) and np.array_equal(c_erl, lag_erl)
+
+
+def test_prove_lags_refuses_what_is_not_its_arrays() -> None:
+    compiled = _compiled().prove_lags
+    ok: list[npt.NDArray[np.float64]] = [np.zeros(7), np.zeros(5), np.zeros(5)]
+    scalars = (1, -30.0, 3.0, 40.0, 6.0, 0.2, FLOOR, SILENCE, True, True, False)
+    with pytest.raises(TypeError, match="14 arguments"):
+        compiled(*ok)
+    with pytest.raises(TypeError, match="float64"):
+        compiled(np.zeros(7, np.float32), ok[1], ok[2], *scalars)
+    with pytest.raises(TypeError):
+        compiled(ok[0], ok[1].copy().reshape(5, 1), ok[2], *scalars)
+    readonly = ok[1].copy()
+    readonly.setflags(write=False)
+    with pytest.raises((TypeError, BufferError, ValueError)):
+        compiled(ok[0], readonly, ok[2], *scalars)
+    with pytest.raises(ValueError, match="len"):
+        compiled(np.zeros(6), ok[1], ok[2], *scalars)
+    with pytest.raises(ValueError, match="len"):
+        compiled(ok[0], ok[1], np.zeros(4), *scalars)
+    with pytest.raises(TypeError):
+        compiled(ok[0], ok[1], ok[2], "1", *scalars[1:])
+    with pytest.raises(TypeError):
+        compiled(b"\0" * 56, ok[1], ok[2], *scalars)
+    # The arrays a refused call was given are as they were.
+    assert not ok[1].any() and not ok[2].any()
+
+
+def _call() -> ReflexRig:
+    """A 10 dB echo at 200 ms and a caller interrupting the assistant's answers six times
+    (the shipped recording, cut in pieces of 0.5-2 s)."""
+    pcm = read_wav_8k(SPEECH_WAV)
+    pieces = []
+    at = 0.0
+    for seconds in (0.6, 1.2, 0.8, 2.0, 0.5, 1.5, 1.0):
+        chunk = pcm[int(at * 8000) * 2 : int((at + seconds) * 8000) * 2]
+        up = StreamResampler(8_000, RATE)
+        pieces.append(up.process(chunk) + up.flush())
+        at += seconds
+    reply = synthesize_reply(4_000)
+    rig = ReflexRig(
+        seconds=40.0,
+        echo_delay_ms=200.0,
+        echo_loss_db=10.0,
+        brain=ScriptedBrain([reply], think_ms=300.0),
+        caller=InterruptingCaller(
+            [Interruption(p, 600.0) for p in pieces[1:]],
+            recovery=pieces[0],
+            done_after_ms=3_000.0,
+        ),
+    )
+    rig.say(reply, "reply_0", at_s=0.2)
+    return rig
+
+
+def test_a_call_judged_with_the_c_kernels_is_judged_as_with_numpy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    compiled = _compiled()
+    runs: list[tuple[list[EchoVerdict], list[float]]] = []
+    for kernel in (compiled.prove_lags, echo_kernels.prove_lags_numpy):
+        monkeypatch.setattr(echo_kernels, "prove_lags", kernel)
+        rig = _call()
+        rig.run()
+        runs.append((rig.verdicts, rig.clears_ms))
+    (c_verdicts, c_clears), (np_verdicts, np_clears) = runs
+    assert len(c_verdicts) > 1_500 and c_clears  # a whole call, interrupted
+    assert any(v.delay_ms is not None for v in c_verdicts)  # the echo was found
+    assert c_verdicts == np_verdicts
+    assert c_clears == np_clears
