@@ -78,4 +78,10 @@ def _install(path: str) -> None:
 
 
 if os.environ.get("RUTSTER_BENCH_TIMERS") and "serve" in sys.argv:
+    # sitecustomize runs before ``python -m`` puts the working directory first on
+    # sys.path: imported now, rutster would come from the installed (or editable) copy,
+    # while the gateway run from another checkout imports that checkout's. Measured
+    # code must be the code that runs.
+    if sys.path[:1] != [os.getcwd()]:
+        sys.path.insert(0, os.getcwd())
     _install(os.environ["RUTSTER_BENCH_TIMERS"])
