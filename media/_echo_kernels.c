@@ -176,8 +176,133 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(pre_emphasis_doc,
+"pre_emphasis(x, out, coefficient) -> None\n\n"
+"media/echo_kernels.py pre_emphasis_numpy in C: out[i] = x[i] - coefficient * x[i - 1],\n"
+"x[-1] taken as 0 (``out`` may not overlap ``x``).");
+
+static PyObject *
+pre_emphasis(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "pre_emphasis takes 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    double coefficient;
+    if (get_double(args[2], &coefficient)) {
+        return NULL;
+    }
+    Py_buffer xv, ov;
+    if (get_doubles(args[0], &xv, 0, "x") < 0) {
+        return NULL;
+    }
+    if (get_doubles(args[1], &ov, 1, "out") < 0) {
+        PyBuffer_Release(&xv);
+        return NULL;
+    }
+    const double *x = (const double *)xv.buf;
+    double *out = (double *)ov.buf;
+    Py_ssize_t n = xv.shape[0];
+    const char *lo_x = (const char *)xv.buf, *hi_x = lo_x + xv.len;
+    const char *lo_o = (const char *)ov.buf, *hi_o = lo_o + ov.len;
+    if (ov.shape[0] != n || (n > 0 && lo_o < hi_x && lo_x < hi_o)) {
+        PyErr_SetString(PyExc_ValueError, "out must be as long as x and apart from it");
+        PyBuffer_Release(&xv);
+        PyBuffer_Release(&ov);
+        return NULL;
+    }
+    double previous = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double scaled = coefficient * previous;
+        out[i] = x[i] - scaled;
+        previous = x[i];
+    }
+    PyBuffer_Release(&xv);
+    PyBuffer_Release(&ov);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ncc_peak_doc,
+"ncc_peak(corr, r, n_c, c_energy, min_share) -> (best, offset)\n\n"
+"media/echo_kernels.py ncc_peak_numpy in C: the best normalised cross-correlation\n"
+"over every offset the render ``r`` allows a capture of ``n_c`` samples, and its\n"
+"offset (the first of equals). The render energies are numpy's cumsum, summed in the\n"
+"same order.");
+
+static PyObject *
+ncc_peak(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "ncc_peak takes 5 arguments, got %zd", nargs);
+        return NULL;
+    }
+    Py_ssize_t n_c = PyLong_AsSsize_t(args[2]);
+    if (n_c == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    double c_energy, min_share;
+    if (get_double(args[3], &c_energy) || get_double(args[4], &min_share)) {
+        return NULL;
+    }
+    Py_buffer cv, rv;
+    if (get_doubles(args[0], &cv, 0, "corr") < 0) {
+        return NULL;
+    }
+    if (get_doubles(args[1], &rv, 0, "r") < 0) {
+        PyBuffer_Release(&cv);
+        return NULL;
+    }
+    const double *corr = (const double *)cv.buf;
+    const double *r = (const double *)rv.buf;
+    Py_ssize_t valid = rv.shape[0] - n_c + 1;
+    if (n_c < 0 || valid < 1 || cv.shape[0] < valid) {
+        PyErr_SetString(PyExc_ValueError,
+                        "need 0 <= n_c <= len(r) and len(corr) >= len(r) - n_c + 1");
+        PyBuffer_Release(&cv);
+        PyBuffer_Release(&rv);
+        return NULL;
+    }
+    double floor_energy = c_energy * min_share;
+    /* upper = squares[k + n_c], lower = squares[k]: numpy's cumsum of r * r, the same
+     * sums in the same order, each run from 0. */
+    double upper = 0.0;
+    for (Py_ssize_t i = 0; i < n_c; i++) {
+        double square = r[i] * r[i];
+        upper += square;
+    }
+    double lower = 0.0;
+    double best = 0.0;
+    Py_ssize_t best_at = -1;
+    for (Py_ssize_t k = 0; k < valid; k++) {
+        if (k > 0) {
+            double leaving = r[k - 1] * r[k - 1];
+            lower += leaving;
+            double entering = r[k + n_c - 1] * r[k + n_c - 1];
+            upper += entering;
+        }
+        double energy = upper - lower;
+        double score = 0.0;
+        if (energy > floor_energy) {
+            double product = energy * c_energy;
+            score = corr[k] / sqrt(product);
+        }
+        /* numpy's argmax: the first maximum, the first NaN counting as one. */
+        if (best_at < 0 || (best == best && (score != score || score > best))) {
+            best = score;
+            best_at = k;
+        }
+    }
+    PyBuffer_Release(&cv);
+    PyBuffer_Release(&rv);
+    return Py_BuildValue("(dn)", best, best_at);
+}
+
 static PyMethodDef methods[] = {
     {"prove_lags", (PyCFunction)(void (*)(void))prove_lags, METH_FASTCALL, prove_lags_doc},
+    {"pre_emphasis", (PyCFunction)(void (*)(void))pre_emphasis, METH_FASTCALL, pre_emphasis_doc},
+    {"ncc_peak", (PyCFunction)(void (*)(void))ncc_peak, METH_FASTCALL, ncc_peak_doc},
     {NULL, NULL, 0, NULL},
 };
 

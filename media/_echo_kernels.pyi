@@ -20,3 +20,14 @@ def prove_lags(
     clean: bool,
     /,
 ) -> tuple[float, bool]: ...
+def pre_emphasis(
+    x: npt.NDArray[np.float64], out: npt.NDArray[np.float64], coefficient: float, /
+) -> None: ...
+def ncc_peak(
+    corr: npt.NDArray[np.float64],
+    r: npt.NDArray[np.float64],
+    n_c: int,
+    c_energy: float,
+    min_share: float,
+    /,
+) -> tuple[float, int]: ...

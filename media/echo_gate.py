@@ -179,7 +179,7 @@ from rutster.media.formats import (
     NARROWBAND_SAMPLE_RATE,
     ms_to_frames,
 )
-from rutster.media.line_echo import WAVE_FRAME, LineEchoCanceller, normalised_xcorr
+from rutster.media.line_echo import WAVE_FRAME, LineEchoCanceller, normalised_xcorr_peak
 
 __all__ = [
     "CANCELLER",
@@ -1394,12 +1394,12 @@ class EchoGate:
         audible = self._render_env.window(slot - lo, len(rows)) > _ENVELOPE_FLOOR_DBFS
         render = (self._render_wave[rows] * audible[:, None]).ravel().astype(np.float64)
         capture = (self._capture_wave if wave is None else wave).astype(np.float64)
-        ncc = normalised_xcorr(render, capture)
-        if not len(ncc):
+        peak = normalised_xcorr_peak(render, capture)
+        if peak is None:
             return 0.0, math.nan
-        best = int(ncc.argmax())
+        correlation, best = peak
         # Render row i is slot - 1 - hi + i, and the two frames heard start at slot - 1.
-        return float(ncc[best]), hi - best / WAVE_FRAME
+        return correlation, hi - best / WAVE_FRAME
 
     def _forget_delay(self, slot: int | None = None) -> None:
         """Drop the delay and all the ERL learned (back to the conservative prediction).

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from rutster.media import echo_kernels
 from rutster.media.formats import NARROWBAND_FRAME_SAMPLES, NARROWBAND_SAMPLE_RATE
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "LineEchoConfig",
     "fft_size",
     "normalised_xcorr",
+    "normalised_xcorr_peak",
 ]
 
 #: Samples per frame at the filter's rate (a narrowband frame, media.narrowband).
@@ -154,6 +156,26 @@ def _toeplitz_index(taps: int) -> npt.NDArray[np.int64]:
     return index
 
 
+def _correlation(
+    render: npt.NDArray[np.float64], capture: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float] | None:
+    """The raw correlation of the pre-emphasised capture with the pre-emphasised render
+    at every offset, that render, and the capture's energy; None for a silent capture.
+    ``render`` is at least as long as ``capture``."""
+    c = np.empty(len(capture))
+    echo_kernels.pre_emphasis(np.ascontiguousarray(capture, dtype=np.float64), c, PRE_EMPHASIS)
+    c_energy = float(c @ c)
+    if c_energy <= 0.0:
+        return None
+    r = np.empty(len(render))
+    echo_kernels.pre_emphasis(np.ascontiguousarray(render, dtype=np.float64), r, PRE_EMPHASIS)
+    # Circular correlation over ``len(r)`` samples or more: a valid offset k reads
+    # r[k .. k + len(c) - 1], never past len(r) - 1, so nothing wraps onto it.
+    size = fft_size(len(r))
+    corr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(c, size)), size)
+    return corr, r, c_energy
+
+
 def normalised_xcorr(
     render: npt.NDArray[np.float64], capture: npt.NDArray[np.float64]
 ) -> npt.NDArray[np.float64]:
@@ -163,25 +185,31 @@ def normalised_xcorr(
     with ``render[k : k + len(capture)]``. Offsets where the render carries
     (almost) nothing give 0: the FFT's rounding, over a vanishing energy,
     must not pass for a match. One FFT correlation, so the whole lag range
-    costs what one offset would, many times over.
+    costs what one offset would, many times over. (The echo gate and the
+    canceller want only the peak: :func:`normalised_xcorr_peak`.)
     """
-    r = render - PRE_EMPHASIS * np.concatenate(([0.0], render[:-1]))
-    c = capture - PRE_EMPHASIS * np.concatenate(([0.0], capture[:-1]))
-    valid = len(r) - len(c) + 1
-    c_energy = float(c @ c)
-    if c_energy <= 0.0 or valid <= 0:
+    valid = len(render) - len(capture) + 1
+    prepared = None if valid <= 0 else _correlation(render, capture)
+    if prepared is None:
         return np.zeros(max(valid, 0))
-    # Circular correlation over ``len(r)`` samples or more: a valid offset k reads
-    # r[k .. k + len(c) - 1], never past len(r) - 1, so nothing wraps onto it.
-    size = fft_size(len(r))
-    corr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(c, size)), size)
-    squares = np.concatenate(([0.0], np.cumsum(r * r)))
-    r_energy = squares[len(c) :] - squares[:valid]
-    floor = c_energy * _MIN_RENDER_SHARE
-    ncc: npt.NDArray[np.float64] = np.where(
-        r_energy > floor, corr[:valid] / np.sqrt(np.maximum(r_energy, floor) * c_energy), 0.0
-    )
-    return ncc
+    corr, r, c_energy = prepared
+    return echo_kernels.ncc_numpy(corr, r, len(capture), c_energy, _MIN_RENDER_SHARE)
+
+
+def normalised_xcorr_peak(
+    render: npt.NDArray[np.float64], capture: npt.NDArray[np.float64]
+) -> tuple[float, int] | None:
+    """The best of :func:`normalised_xcorr` and its offset (the first of equals); None
+    when ``capture`` is longer than ``render`` (no offset). The search and the
+    normalisation run in the compiled kernel where it is built (media/echo_kernels.py)."""
+    valid = len(render) - len(capture) + 1
+    if valid <= 0:
+        return None
+    prepared = _correlation(render, capture)
+    if prepared is None:
+        return 0.0, 0  # a silent capture correlates with nothing
+    corr, r, c_energy = prepared
+    return echo_kernels.ncc_peak(corr, r, len(capture), c_energy, _MIN_RENDER_SHARE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,14 +335,14 @@ class LineEchoCanceller:
         lo = round((delay_ms - spread_ms) * WAVE_RATE / 1000)
         hi = round((delay_ms + spread_ms) * WAVE_RATE / 1000)
         render = self._render_at(end - n - hi, n + hi - lo)
-        ncc = normalised_xcorr(render, capture)
-        if not len(ncc):
+        peak = normalised_xcorr_peak(render, capture)
+        if peak is None:
             return False
-        best = int(np.argmax(ncc))
+        correlation, best = peak
         delay = hi - best
-        self.best_correlation = float(ncc[best])
+        self.best_correlation = correlation
         self.best_delay = delay
-        if ncc[best] < ALIGN_MIN_CORRELATION:
+        if correlation < ALIGN_MIN_CORRELATION:
             return False
         if self.delay is None or abs(delay - self.delay) > 2:
             self.delay = delay

@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from rutster.media import echo_kernels
 from rutster.media.echo_gate import EchoVerdict
+from rutster.media.line_echo import normalised_xcorr, normalised_xcorr_peak
 from rutster.media.resample import StreamResampler
 from rutster.tools.realtime_mock_voice import synthesize_reply
 from rutster.tools.twilio_simulator import read_wav_8k
@@ -44,7 +45,8 @@ def _compiled() -> ModuleType:
 def test_the_compiled_kernels_are_built_and_in_use() -> None:
     kernels = _compiled()
     assert echo_kernels.COMPILED
-    assert echo_kernels.prove_lags is kernels.prove_lags
+    for name in ("prove_lags", "pre_emphasis", "ncc_peak"):
+        assert getattr(echo_kernels, name) is getattr(kernels, name)
 
 
 levels = st.floats(min_value=-110.0, max_value=0.0, allow_nan=False)
@@ -124,6 +126,83 @@ def test_prove_lags_refuses_what_is_not_its_arrays() -> None:
     assert not ok[1].any() and not ok[2].any()
 
 
+@st.composite
+def _correlations(draw: st.DrawFn) -> tuple[Any, ...]:
+    """A render, a capture cut from it (or not), both with silent stretches."""
+    n_c = draw(st.integers(1, 64))
+    n_r = draw(st.integers(n_c, 400))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    render = rng.standard_normal(n_r) * draw(st.sampled_from([1e-3, 1.0, 3000.0]))
+    silent = draw(st.integers(0, n_r))
+    render[silent : silent + draw(st.integers(0, n_r))] = 0.0
+    at = draw(st.integers(0, n_r - n_c))
+    capture = render[at : at + n_c] * 0.5 + rng.standard_normal(n_c) * draw(
+        st.sampled_from([0.0, 0.1, 1000.0])
+    )
+    if draw(st.booleans()):
+        capture = np.round(capture)  # PCM-like values tie more often
+    # The gate's share (line_echo._MIN_RENDER_SHARE) and a large one.
+    return render, capture, draw(st.sampled_from([1e-6, 0.5]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_correlations())
+def test_pre_emphasis_and_ncc_peak_in_c_are_numpy_bit_for_bit(case: tuple[Any, ...]) -> None:
+    compiled = _compiled()
+    render, capture, min_share = case
+    r_numpy, r_c = np.empty(len(render)), np.empty(len(render))
+    c_numpy, c_c = np.empty(len(capture)), np.empty(len(capture))
+    echo_kernels.pre_emphasis_numpy(render, r_numpy, 0.9)
+    compiled.pre_emphasis(render, r_c, 0.9)
+    echo_kernels.pre_emphasis_numpy(capture, c_numpy, 0.9)
+    compiled.pre_emphasis(capture, c_c, 0.9)
+    assert np.array_equal(r_c, r_numpy) and np.array_equal(c_c, c_numpy)
+    corr = np.correlate(r_numpy, c_numpy, "valid")
+    c_energy = float(c_numpy @ c_numpy)
+    assume(c_energy > 0.0)  # a silent capture is never searched (line_echo._correlation)
+    expected = echo_kernels.ncc_peak_numpy(corr, r_numpy, len(capture), c_energy, min_share)
+    got = compiled.ncc_peak(corr, r_numpy, len(capture), c_energy, min_share)
+    assert got == expected or (math.isnan(got[0]) and math.isnan(expected[0]))
+    assert got[1] == expected[1]
+    assert type(got[0]) is float and type(got[1]) is int
+
+
+def test_the_peak_search_is_the_whole_correlations_argmax() -> None:
+    rng = np.random.default_rng(3)
+    render = rng.standard_normal(2_000) * 3000.0
+    render[500:900] = 0.0
+    capture = render[1_200:1_520] * 0.3 + rng.standard_normal(320) * 30.0
+    ncc = normalised_xcorr(render, capture)
+    peak = normalised_xcorr_peak(render, capture)
+    assert peak == (float(ncc.max()), int(ncc.argmax()))
+    assert peak[1] == 1_200 and peak[0] > 0.9
+    assert normalised_xcorr_peak(render, np.zeros(320)) == (0.0, 0)  # silence matches nothing
+    assert normalised_xcorr_peak(render[:100], capture) is None  # no offset at all
+
+
+def test_the_correlation_kernels_refuse_what_is_not_their_arrays() -> None:
+    compiled = _compiled()
+    x = np.arange(8.0)
+    with pytest.raises(ValueError, match="apart"):
+        compiled.pre_emphasis(x, x, 0.9)  # in place would read what it wrote
+    with pytest.raises(ValueError, match="apart"):
+        compiled.pre_emphasis(x, np.empty(7), 0.9)
+    with pytest.raises(TypeError):
+        compiled.pre_emphasis(x.astype(np.float32), np.empty(8), 0.9)
+    with pytest.raises(TypeError, match="3 arguments"):
+        compiled.pre_emphasis(x, np.empty(8))
+    corr = np.zeros(5)
+    with pytest.raises(ValueError, match="n_c"):
+        compiled.ncc_peak(corr, x, 9, 1.0, 0.0)  # capture longer than the render
+    with pytest.raises(ValueError, match="n_c"):
+        compiled.ncc_peak(np.zeros(4), x, 4, 1.0, 0.0)  # corr shorter than the offsets
+    with pytest.raises(TypeError, match="5 arguments"):
+        compiled.ncc_peak(corr, x, 4)
+    with pytest.raises(TypeError):
+        compiled.ncc_peak(corr, x, 4.5, 1.0, 0.0)
+
+
 def _call() -> ReflexRig:
     """A 10 dB echo at 200 ms and a caller interrupting the assistant's answers six times
     (the shipped recording, cut in pieces of 0.5-2 s)."""
@@ -156,8 +235,12 @@ def test_a_call_judged_with_the_c_kernels_is_judged_as_with_numpy(
 ) -> None:
     compiled = _compiled()
     runs: list[tuple[list[EchoVerdict], list[float]]] = []
-    for kernel in (compiled.prove_lags, echo_kernels.prove_lags_numpy):
-        monkeypatch.setattr(echo_kernels, "prove_lags", kernel)
+    for kernels in (compiled, None):
+        for name in ("prove_lags", "pre_emphasis", "ncc_peak"):
+            twin = getattr(echo_kernels, f"{name}_numpy")
+            monkeypatch.setattr(
+                echo_kernels, name, twin if kernels is None else getattr(kernels, name)
+            )
         rig = _call()
         rig.run()
         runs.append((rig.verdicts, rig.clears_ms))
