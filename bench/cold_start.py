@@ -17,7 +17,7 @@ The two parts:
   ``SileroDetector``, io-bound arrays, its recurrent state carried), 32 ms of recorded
   speech;
 - *coherence test*: the echo gate's waveform test (``media/line_echo.py``
-  ``normalised_xcorr`` on the gate's sizes: two 20 ms frames heard against the render of
+  ``normalised_xcorr_peak`` on the gate's sizes: two 20 ms frames heard against the render of
   the whole lag range), on the same speech.
 
 Printed per gap: the median µs of the first operation after it (*after gap*), the median
@@ -41,7 +41,7 @@ from bench.vs_pipecat import SPEECH_WAV
 from rutster.gateway.server import limit_numeric_threads
 from rutster.media.echo_gate import DELAY_SPREAD_MS, MAX_DELAY_MS, MIN_DELAY_MS
 from rutster.media.formats import FRAME_MS, NARROWBAND_FRAME_SAMPLES
-from rutster.media.line_echo import normalised_xcorr
+from rutster.media.line_echo import normalised_xcorr_peak
 from rutster.media.vad import SileroDetector
 from rutster.tools.twilio_simulator import read_wav_8k
 
@@ -92,7 +92,7 @@ def coherence_op(speech: np.ndarray) -> Callable[[], None]:
         start = (position[0] * NARROWBAND_FRAME_SAMPLES) % span
         position[0] += 1
         render = signal[start : start + render_samples]
-        normalised_xcorr(render, render[-capture_samples:] * 0.3)
+        normalised_xcorr_peak(render, render[-capture_samples:] * 0.3)
 
     return op
 
