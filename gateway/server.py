@@ -16,7 +16,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 from rutster.gateway.drain import drain
 from rutster.gateway.http_guard import HttpGuardStats, guarded_http_protocol
 from rutster.gateway.state import GatewayState
-from rutster.media import echo_kernels
+from rutster.media import compiled
 
 log = logging.getLogger(__name__)
 
@@ -156,18 +156,18 @@ def limit_numeric_threads() -> None:
         log.info("numeric thread pools limited to %d (were: %s)", NUMERIC_THREADS, pools)
 
 
-def log_echo_kernels() -> None:
-    """Say whether the echo gate runs its compiled kernels (media/echo_kernels.py).
+def log_compiled_kernels() -> None:
+    """Say whether the media path runs its compiled kernels (media/compiled.py).
 
-    Without them (the package was built where no C compiler was found) every verdict
-    is the same and each call costs more CPU: a warning, so that an operator sizing
-    a node knows.
+    Without them (the package was built where no C compiler was found) the echo gate's
+    verdicts are the same, the resampler's output within one PCM step, and each call
+    costs more CPU: a warning, so that an operator sizing a node knows.
     """
-    if echo_kernels.COMPILED:
-        log.info("echo gate: compiled kernels in use")
+    if compiled.KERNELS is not None:
+        log.info("media kernels: compiled (media/_kernels.c)")
     else:
         log.warning(
-            "echo gate: the compiled kernels were not built (no C compiler when rutster "
+            "media kernels: the compiled kernels were not built (no C compiler when rutster "
             "was installed?); running their numpy twins: the same verdicts, more CPU a call"
         )
 

@@ -4,9 +4,9 @@ A loaded gateway pays numpy's cost per call (~1-4 µs) on every one of the few d
 small array steps the echo gate (:mod:`media.echo_gate`) takes per 20 ms caller frame,
 so those steps cost far more than their arithmetic. The steps that run on every frame
 are kept here twice: as numpy (the reference, and what runs where no C compiler was
-found when the package was built) and as the same loops in C (``media/_echo_kernels.c``,
-built by ``pip install`` as an optional extension). The two give the same results, bit
-for bit: the C loops take the same IEEE operations in the same order, and
+found when the package was built) and as the same loops in C (``media/_kernels.c``,
+built by ``pip install`` as an optional extension: :mod:`media.compiled`). The two give
+the same results, bit for bit: the C loops take the same IEEE operations in the same order, and
 ``tests/test_media_echo_kernels.py`` holds them to each other.
 
 Measured (bench/call_profile.py --timers, 20 echo calls on one core of the project's
@@ -18,13 +18,13 @@ Measured (bench/call_profile.py --timers, 20 echo calls on one core of the proje
 from __future__ import annotations
 
 import math
-from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
 
+from rutster.media.compiled import KERNELS
+
 __all__ = [
-    "COMPILED",
     "ncc_numpy",
     "ncc_peak",
     "ncc_peak_numpy",
@@ -145,23 +145,12 @@ def ncc_numpy(
     return ncc
 
 
-def _compiled() -> ModuleType | None:
-    try:  # built from media/_echo_kernels.c by pip install, where a C compiler was found
-        from rutster.media import _echo_kernels
-    except ImportError:
-        return None
-    return _echo_kernels
-
-
-_COMPILED_MODULE = _compiled()
-#: Whether the compiled kernels are in use (``rutster serve`` logs it at start).
-COMPILED = _COMPILED_MODULE is not None
-# What the echo gate calls: the C kernels when built, else their numpy twins.
-if _COMPILED_MODULE is None:
+# What the echo gate calls: the C kernels when built (media.compiled), else their twins.
+if KERNELS is None:
     prove_lags = prove_lags_numpy
     pre_emphasis = pre_emphasis_numpy
     ncc_peak = ncc_peak_numpy
 else:
-    prove_lags = _COMPILED_MODULE.prove_lags
-    pre_emphasis = _COMPILED_MODULE.pre_emphasis
-    ncc_peak = _COMPILED_MODULE.ncc_peak
+    prove_lags = KERNELS.prove_lags
+    pre_emphasis = KERNELS.pre_emphasis
+    ncc_peak = KERNELS.ncc_peak

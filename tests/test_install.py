@@ -122,10 +122,10 @@ def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
             str(python),
             "-c",
             "import importlib.util, rutster.gateway, rutster.media.demo_audio as a; "
-            "import rutster.media.echo_kernels as k; "
+            "import rutster.media.compiled as k; "
             f"print([n for n in {TOP_LEVEL_FOLDERS!r} if importlib.util.find_spec(n)]); "
             "print(rutster.gateway.__file__); print(a.CALLER_SPEECH_8K.is_file()); "
-            "print(k.COMPILED)",
+            "print(k.KERNELS is not None)",
         ],
         capture_output=True,
         text=True,
@@ -138,7 +138,7 @@ def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
     assert generic == "[]"  # no top-level gateway, media, ... importable
     assert Path(package_file).is_relative_to(site)  # the install, not this checkout
     assert audio_shipped == "True"
-    assert compiled == "True"  # the echo gate's C kernels were built (a compiler is here)
+    assert compiled == "True"  # the C kernels were built (a compiler is here)
 
     demo = subprocess.run(
         [str(env / "bin" / "rutster"), "demo", "--seconds", "5"],
@@ -155,20 +155,20 @@ def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
 def test_without_a_c_compiler_the_install_still_works_on_the_numpy_kernels(
     tmp_path: Path,
 ) -> None:
-    """The echo gate's C kernels are an optional extension (setup.py): a machine with no
-    C compiler gets their numpy twins, the same verdicts, and a warning at start."""
+    """The media path's C kernels are an optional extension (setup.py): a machine with no
+    C compiler gets their numpy twins, the same echo verdicts, and a warning at start."""
     python, _ = _install_fresh(tmp_path, {"CC": "/bin/false"})
     probe = subprocess.run(
         [
             str(python),
             "-c",
-            "import logging, rutster.media.echo_kernels as k; "
-            "from rutster.gateway.server import log_echo_kernels; "
+            "import logging, rutster.media.compiled as c, rutster.media.echo_kernels as k; "
+            "from rutster.gateway.server import log_compiled_kernels; "
             "from rutster.media.echo_gate import EchoGate; "
             "logging.basicConfig(); "
-            "print(k.COMPILED, k.prove_lags is k.prove_lags_numpy); "
+            "print(c.KERNELS is None, k.prove_lags is k.prove_lags_numpy); "
             "g = EchoGate(); g.render(bytes(range(256)) + bytes(64), 0.0); "
-            "print(g.capture(bytes(320), 200.0).near_end); log_echo_kernels()",
+            "print(g.capture(bytes(320), 200.0).near_end); log_compiled_kernels()",
         ],
         capture_output=True,
         text=True,
@@ -177,7 +177,7 @@ def test_without_a_c_compiler_the_install_still_works_on_the_numpy_kernels(
         cwd=tmp_path,
         check=True,
     )
-    assert probe.stdout.splitlines() == ["False True", "False"], probe.stdout
+    assert probe.stdout.splitlines() == ["True True", "False"], probe.stdout
     assert "compiled kernels were not built" in probe.stderr, probe.stderr
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rutster.media import echo_kernels
+from rutster.media import compiled, echo_kernels
 from rutster.media.echo_gate import EchoVerdict
 from rutster.media.line_echo import normalised_xcorr, normalised_xcorr_peak
 from rutster.media.resample import StreamResampler
@@ -36,15 +36,15 @@ def _compiled() -> ModuleType:
     """The C module; the suite's build must have made it (a C compiler is on every
     machine the suite runs on, and a silent fallback would leave the C untested)."""
     try:
-        from rutster.media import _echo_kernels
+        from rutster.media import _kernels
     except ImportError as exc:  # pragma: no cover - a broken build
         pytest.fail(f"the compiled echo kernels were not built: {exc} (pip install -e . again)")
-    return _echo_kernels
+    return _kernels
 
 
 def test_the_compiled_kernels_are_built_and_in_use() -> None:
     kernels = _compiled()
-    assert echo_kernels.COMPILED
+    assert compiled.KERNELS is kernels
     for name in ("prove_lags", "pre_emphasis", "ncc_peak"):
         assert getattr(echo_kernels, name) is getattr(kernels, name)
 

@@ -57,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         DrainingServer,
         limit_numeric_threads,
         listen_socket,
-        log_echo_kernels,
+        log_compiled_kernels,
         raise_open_file_limit,
         serve,
         uvicorn_config,
@@ -97,7 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     raise_open_file_limit()
     limit_numeric_threads()
-    log_echo_kernels()
+    log_compiled_kernels()
     # The gateway's own logger: the line reports the gateway process, whichever command
     # started it.
     logging.getLogger("rutster.gateway.server").info(

@@ -1,16 +1,19 @@
-/* Compiled per-frame kernels of the echo gate (media/echo_gate.py).
+/* Compiled per-frame kernels of the media path: the echo gate's (media/echo_gate.py,
+ * chosen in media/echo_kernels.py) and the polyphase resampler's (media/polyphase.py).
  *
- * Why by hand: the echo gate runs a few dozen numpy operations per 20 ms caller
- * frame on arrays of ~30 values, and numpy's cost per call (~1-4 us, more inside a
- * loaded gateway) is the whole of it; no library offers these loops. Each function
- * here is the exact loop of the numpy code it replaces (same operations in the same
- * order on IEEE doubles, so the same results), and the gate falls back to that numpy
- * code when this module is not built (media/echo_kernels.py). Plain C on the buffer
- * protocol: no numpy headers, nothing to build but a C compiler.
+ * Why by hand: each call's media runs a few dozen numpy operations per 20 ms frame on
+ * small arrays, and numpy's cost per call (~1-4 us, more inside a loaded gateway) is
+ * most of it; no library offers these loops. The echo gate's kernels are the exact
+ * loops of the numpy code they replace (same operations in the same order on IEEE
+ * doubles, so the same results); the resampler's sums in double where numpy summed in
+ * float32 (its output within one PCM step of numpy's). Where this module is not built
+ * the numpy code runs instead. Plain C on the buffer protocol: no numpy headers,
+ * nothing to build but a C compiler.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 /* A C-contiguous 1-D buffer of doubles; writable when asked. */
@@ -299,23 +302,137 @@ ncc_peak(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(dn)", best, best_at);
 }
 
+/* A C-contiguous buffer of floats (any shape), read only. */
+static int
+get_floats(PyObject *obj, Py_buffer *view, const char *name)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
+    }
+    if (view->itemsize != sizeof(float) || view->format == NULL ||
+        strcmp(view->format, "f") != 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a contiguous float32 array", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(polyphase_pcm16_doc,
+"polyphase_pcm16(x, coefficients, width, up, down, periods) -> bytes\n\n"
+"media/polyphase.py PolyphaseResampler's product of the input's sliding windows with\n"
+"the filter's phases, rounded (half to even) and saturated to s16le: output sample\n"
+"p * up + r is the sum over j < width of x[p * down + j] * coefficients[j, r],\n"
+"summed in double.");
+
+static PyObject *
+polyphase_pcm16(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "polyphase_pcm16 takes 6 arguments, got %zd", nargs);
+        return NULL;
+    }
+    Py_ssize_t width = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t up = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t down = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t periods = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer xv, cv;
+    if (get_floats(args[0], &xv, "x") < 0) {
+        return NULL;
+    }
+    if (get_floats(args[1], &cv, "coefficients") < 0) {
+        PyBuffer_Release(&xv);
+        return NULL;
+    }
+    Py_ssize_t n_x = xv.len / (Py_ssize_t)sizeof(float);
+    Py_ssize_t n_c = cv.len / (Py_ssize_t)sizeof(float);
+    if (width < 1 || up < 1 || down < 1 || periods < 0 || n_c != width * up ||
+        (periods > 0 && (periods - 1) * down + width > n_x) ||
+        periods > PY_SSIZE_T_MAX / 2 / up) {
+        PyErr_SetString(PyExc_ValueError,
+                        "need coefficients of width * up and x of (periods - 1) * down + width");
+        PyBuffer_Release(&xv);
+        PyBuffer_Release(&cv);
+        return NULL;
+    }
+    /* The input as doubles, split into its `down` phases, so that the sums vectorise
+     * across outputs: output p of a phase sums x[p * down + j] over j in order (the
+     * same order for every output, every build), and x[p * down + j] is
+     * phase[j % down][p + j / down], contiguous in p. */
+    Py_ssize_t per_phase = n_x / down + 1;
+    double *split = PyMem_Malloc((size_t)(down * per_phase + periods) * sizeof(double));
+    PyObject *out = split == NULL ? NULL : PyBytes_FromStringAndSize(NULL, periods * up * 2);
+    if (out == NULL) {
+        PyMem_Free(split);
+        PyBuffer_Release(&xv);
+        PyBuffer_Release(&cv);
+        return split == NULL ? PyErr_NoMemory() : NULL;
+    }
+    const float *x = (const float *)xv.buf;
+    const float *coefficients = (const float *)cv.buf;
+    for (Py_ssize_t k = 0; k < down; k++) {
+        double *phase = split + k * per_phase;
+        for (Py_ssize_t i = 0; i * down + k < n_x; i++) {
+            phase[i] = (double)x[i * down + k];
+        }
+    }
+    double *restrict acc = split + down * per_phase;
+    unsigned char *pcm = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t r = 0; r < up; r++) {
+        for (Py_ssize_t p = 0; p < periods; p++) {
+            acc[p] = 0.0;
+        }
+        for (Py_ssize_t j = 0; j < width; j++) {
+            const double *restrict in = split + (j % down) * per_phase + j / down;
+            double c = (double)coefficients[j * up + r];
+            for (Py_ssize_t p = 0; p < periods; p++) {
+                double term = in[p] * c;
+                acc[p] += term;
+            }
+        }
+        for (Py_ssize_t p = 0; p < periods; p++) {
+            double rounded = nearbyint(acc[p]);
+            if (rounded > 32767.0) {
+                rounded = 32767.0;
+            }
+            else if (!(rounded >= -32768.0)) {
+                rounded = -32768.0;
+            }
+            uint16_t sample = (uint16_t)(int16_t)rounded;
+            unsigned char *at = pcm + 2 * (p * up + r);
+            at[0] = (unsigned char)(sample & 0xFF);
+            at[1] = (unsigned char)(sample >> 8);
+        }
+    }
+    PyMem_Free(split);
+    PyBuffer_Release(&xv);
+    PyBuffer_Release(&cv);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"prove_lags", (PyCFunction)(void (*)(void))prove_lags, METH_FASTCALL, prove_lags_doc},
     {"pre_emphasis", (PyCFunction)(void (*)(void))pre_emphasis, METH_FASTCALL, pre_emphasis_doc},
     {"ncc_peak", (PyCFunction)(void (*)(void))ncc_peak, METH_FASTCALL, ncc_peak_doc},
+    {"polyphase_pcm16", (PyCFunction)(void (*)(void))polyphase_pcm16, METH_FASTCALL,
+     polyphase_pcm16_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    "rutster.media._echo_kernels",
-    "Compiled per-frame kernels of the echo gate (see media/echo_kernels.py).",
+    "rutster.media._kernels",
+    "Compiled per-frame kernels of the media path (media/echo_kernels.py, media/polyphase.py).",
     -1,
     methods,
 };
 
 PyMODINIT_FUNC
-PyInit__echo_kernels(void)
+PyInit__kernels(void)
 {
     return PyModule_Create(&module);
 }

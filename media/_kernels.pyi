@@ -1,4 +1,4 @@
-"""Types of the compiled echo gate kernels (media/_echo_kernels.c)."""
+"""Types of the compiled media kernels (media/_kernels.c)."""
 
 import numpy as np
 import numpy.typing as npt
@@ -31,3 +31,12 @@ def ncc_peak(
     min_share: float,
     /,
 ) -> tuple[float, int]: ...
+def polyphase_pcm16(
+    x: npt.NDArray[np.float32],
+    coefficients: npt.NDArray[np.float32],
+    width: int,
+    up: int,
+    down: int,
+    periods: int,
+    /,
+) -> bytes: ...
