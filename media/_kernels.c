@@ -429,6 +429,10 @@ static struct PyModuleDef module = {
     "Compiled per-frame kernels of the media path (media/echo_kernels.py, media/polyphase.py).",
     -1,
     methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC

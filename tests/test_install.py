@@ -101,6 +101,19 @@ def _install_fresh(
     return python, before
 
 
+def _python(python: Path, code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` on the fresh install's python, away from this checkout; it must pass."""
+    return subprocess.run(
+        [str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_clean_env(),
+        cwd=cwd,
+        check=True,
+    )
+
+
 def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
     tmp_path: Path,
 ) -> None:
@@ -117,22 +130,14 @@ def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
 
     run = tmp_path / "run"
     run.mkdir()
-    probe = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import importlib.util, rutster.gateway, rutster.media.demo_audio as a; "
-            "import rutster.media.compiled as k; "
-            f"print([n for n in {TOP_LEVEL_FOLDERS!r} if importlib.util.find_spec(n)]); "
-            "print(rutster.gateway.__file__); print(a.CALLER_SPEECH_8K.is_file()); "
-            "print(k.KERNELS is not None)",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=_clean_env(),
-        cwd=run,
-        check=True,
+    probe = _python(
+        python,
+        "import importlib.util, rutster.gateway, rutster.media.demo_audio as a; "
+        "import rutster.media.compiled as k; "
+        f"print([n for n in {TOP_LEVEL_FOLDERS!r} if importlib.util.find_spec(n)]); "
+        "print(rutster.gateway.__file__); print(a.CALLER_SPEECH_8K.is_file()); "
+        "print(k.KERNELS is not None)",
+        run,
     )
     generic, package_file, audio_shipped, compiled = probe.stdout.splitlines()
     assert generic == "[]"  # no top-level gateway, media, ... importable
@@ -158,24 +163,16 @@ def test_without_a_c_compiler_the_install_still_works_on_the_numpy_kernels(
     """The media path's C kernels are an optional extension (setup.py): a machine with no
     C compiler gets their numpy twins, the same echo verdicts, and a warning at start."""
     python, _ = _install_fresh(tmp_path, {"CC": "/bin/false"})
-    probe = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import logging, rutster.media.compiled as c, rutster.media.echo_kernels as k; "
-            "from rutster.gateway.server import log_compiled_kernels; "
-            "from rutster.media.echo_gate import EchoGate; "
-            "logging.basicConfig(); "
-            "print(c.KERNELS is None, k.prove_lags is k.prove_lags_numpy); "
-            "g = EchoGate(); g.render(bytes(range(256)) + bytes(64), 0.0); "
-            "print(g.capture(bytes(320), 200.0).near_end); log_compiled_kernels()",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=_clean_env(),
-        cwd=tmp_path,
-        check=True,
+    probe = _python(
+        python,
+        "import logging, rutster.media.compiled as c, rutster.media.echo_kernels as k; "
+        "from rutster.gateway.server import log_compiled_kernels; "
+        "from rutster.media.echo_gate import EchoGate; "
+        "logging.basicConfig(); "
+        "print(c.KERNELS is None, k.prove_lags is k.prove_lags_numpy); "
+        "g = EchoGate(); g.render(bytes(range(256)) + bytes(64), 0.0); "
+        "print(g.capture(bytes(320), 200.0).near_end); log_compiled_kernels()",
+        tmp_path,
     )
     assert probe.stdout.splitlines() == ["True True", "False"], probe.stdout
     assert "compiled kernels were not built" in probe.stderr, probe.stderr
