@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from rutster.gateway.event_bus import CallEvent
+from rutster.media import compiled
 from rutster.protocols.tool_catalog import TOOL_CATALOG
 
 #: Pacer wake-up lateness buckets (seconds): fine below the 10 ms jitter goal of
@@ -51,6 +52,13 @@ class GatewayMetrics:
             "1 while this node drains (SIGTERM: admits nothing, lets its calls end)",
             registry=r,
         )
+        self.compiled_kernels = Gauge(
+            "rutster_compiled_kernels",
+            "1 when the media path runs its compiled C kernels (media/_kernels.c), 0 when "
+            "their numpy twins run (built with no C compiler: same verdicts, more CPU a call)",
+            registry=r,
+        )
+        self.compiled_kernels.set(0 if compiled.KERNELS is None else 1)
         self.call_tasks = Gauge(
             "rutster_call_tasks", "asyncio tasks owned by live calls (0 when idle)", registry=r
         )

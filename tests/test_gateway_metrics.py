@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import generate_latest
 
 from rutster.gateway.event_bus import CallEvent
 from rutster.gateway.metrics import OTHER_TOOL_LABEL, GatewayMetrics
+from rutster.media import compiled
 from rutster.protocols.tool_catalog import TOOL_CATALOG
 
 
@@ -32,3 +34,11 @@ def test_invented_tool_names_do_not_grow_the_metrics() -> None:
     )
     for name in TOOL_CATALOG:
         assert sample("rutster_tool_calls_total", {"tool": name, "status": "ok"}) == 1
+
+
+def test_the_metrics_say_whether_the_compiled_kernels_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert "rutster_compiled_kernels 1.0" in generate_latest(GatewayMetrics().registry).decode()
+    monkeypatch.setattr(compiled, "KERNELS", None)  # a build without a C compiler
+    assert "rutster_compiled_kernels 0.0" in generate_latest(GatewayMetrics().registry).decode()
