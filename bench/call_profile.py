@@ -48,6 +48,7 @@ from bench.vs_pipecat import (
     run_level,
     rutster_server,
 )
+from rutster.media import compiled
 from rutster.tools.twilio_simulator import read_wav_8k
 
 #: The parts a sample is charged to, innermost first: the first name found walking the
@@ -151,7 +152,8 @@ async def profile(calls: int, seconds: float, nonblocking: bool) -> None:
     if not total:
         raise SystemExit("py-spy took no samples (may it trace this process?)")
     print(
-        f"rutster serve on core {server_core} with {calls} echo calls ({row.carried}/{calls} "
+        f"rutster serve (media kernels: {compiled.describe()}) on core {server_core} with "
+        f"{calls} echo calls ({row.carried}/{calls} "
         f"carried{'' if nonblocking else ' while the profiler paused it'}), the gateway at "
         f"{row.cpu_pct:.0f} % of its core ({row.cpu_pct / calls:.2f} % a call); {total} stack "
         f"samples of its main thread, 200 a second for {seconds:.0f} s "
@@ -225,7 +227,8 @@ async def time_parts(calls: int, seconds: float, awake: bool = False) -> None:
     if not frames or gateway_ns <= 0:
         raise SystemExit("no caller frames timed: did the gateway load the timers?")
     print(
-        f"rutster serve on core {server_core}{' (kept awake)' if awake else ''} with {calls} "
+        f"rutster serve (media kernels: {compiled.describe()}) on core {server_core}"
+        f"{' (kept awake)' if awake else ''} with {calls} "
         f"echo calls ({row.carried}/{calls} carried), timed for {seconds:.0f} s: {frames} "
         "caller frames, the gateway's CPU "
         f"{gateway_ns / 1e9 / seconds * 100:.0f} % of its core, {gateway_ns / frames / 1000:.0f} "

@@ -69,6 +69,7 @@ import numpy as np
 from bench.eval_corpus import NoiseBurst, Utterance, noise_bursts, scale_to_dbfs, utterances
 from rutster.gateway.reflex import PAUSE_ON, PAUSE_PROBABILITY, PauseOn, ReflexConfig
 from rutster.gateway.server import limit_numeric_threads
+from rutster.media import compiled
 from rutster.protocols.tap import SpeechStarted, SpeechStopped
 from rutster.tools.realtime_mock_voice import synthesize_reply
 from tests.support.engine_rig import (
@@ -448,7 +449,7 @@ def main() -> None:
         f"({', '.join(names)}), {len(noises)} noise recordings "
         f"({', '.join(sorted({n.kind for n in noises}))}); {INTERRUPTIONS_PER_CALL} "
         f"interruptions in a row per call, caller levels {min(CALLER_LEVELS_DBFS):.0f} to "
-        f"{max(CALLER_LEVELS_DBFS):.0f} dBFS"
+        f"{max(CALLER_LEVELS_DBFS):.0f} dBFS; media kernels: {compiled.describe()}"
     )
     header = (
         f"{'line':26} {'trials':>6} {'stall':>5} {'missed':>6} {'<0.5s':>5} {'resumed':>7} "

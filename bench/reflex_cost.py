@@ -41,6 +41,7 @@ from bench.eval_corpus import Utterance, scale_to_dbfs, utterances
 from rutster.gateway.media_engine import MediaEngine, MediaEngineConfig
 from rutster.gateway.reflex import ReflexConfig
 from rutster.gateway.server import limit_numeric_threads
+from rutster.media import compiled
 from rutster.media.echo_gate import EchoGate, EchoVerdict
 from rutster.media.formats import TWILIO_MULAW_8K
 from rutster.media.narrowband import NarrowbandTap
@@ -378,7 +379,7 @@ def main() -> None:
     limit_numeric_threads()  # as rutster serve runs the engine
     print(
         f"per-call engine cost by replay ({args.split} split material; least of {args.repeats} "
-        f"replays; µs per 20 ms caller frame)"
+        f"replays; µs per 20 ms caller frame; media kernels: {compiled.describe()})"
     )
     print(
         f"{'call':38} {'engine':>7} {'% core':>7} {'echo gate':>9} {'VAD':>6} "

@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from rutster.media import compiled
 from rutster.tools.launcher import (
     LOOPBACK,
     Service,
@@ -400,7 +401,8 @@ async def bench(
     print(
         f"server on core {server_core}, load generator (and rutster's echo brain) on "
         f"{load_cores}; {seconds:.0f} s of recorded speech per call, {START_RATE_PER_S:.0f} "
-        "calls started a second; a fresh server for each level"
+        "calls started a second; a fresh server for each level; rutster's media kernels: "
+        f"{compiled.describe()}"
     )
     if awake:
         print(

@@ -164,7 +164,7 @@ def log_compiled_kernels() -> None:
     costs more CPU: a warning, so that an operator sizing a node knows.
     """
     if compiled.KERNELS is not None:
-        log.info("media kernels: compiled (media/_kernels.c)")
+        log.info("media kernels: %s", compiled.describe())
     else:
         log.warning(
             "media kernels: the compiled kernels were not built (no C compiler when rutster "

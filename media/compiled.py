@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-__all__ = ["KERNELS"]
+__all__ = ["KERNELS", "describe"]
 
 
 def _load() -> ModuleType | None:
@@ -22,3 +22,10 @@ def _load() -> ModuleType | None:
 
 #: The module of compiled kernels, or None.
 KERNELS = _load()
+
+
+def describe() -> str:
+    """Which kernels run, for logs and benchmark headers (a figure says what build made it)."""
+    if KERNELS is None:
+        return "numpy twins (the C kernels were not built)"
+    return "compiled (media/_kernels.c)"
