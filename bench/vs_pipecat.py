@@ -28,6 +28,11 @@ rutster with the goal's limits on each level as well (lag P99 within 120 ms, RSS
 1 MiB a call; ``LevelResult.within_limits``), the reading issue 18's goal and its flat
 cost ask for, and the ratio at that level.
 
+``--rounds N`` runs the whole comparison N times, the two systems taking turns going
+first, and ends with each round's ratios and their median: one run's ratio moves by a
+level either way with the VM's hour and each system's ragged edge (README), so the figure
+to quote is the median over rounds.
+
 ``--keep-core-awake`` runs a busy loop at ``SCHED_IDLE`` on the server's core for the
 whole run: it runs only when the server has nothing to do (its CPU is not the server's),
 so the core never idles. A measurement of what an idle core costs the server (README,
@@ -389,8 +394,23 @@ def core_kept_awake(core: list[int], enabled: bool) -> Iterator[None]:
         spinner.wait()
 
 
+def median_over_rounds(ratios: list[float | None]) -> str:
+    """The ratios of each round and their median over the rounds that gave one (a round
+    in which Pipecat carried no level whole gives none)."""
+    shown = ", ".join("-" if r is None else f"{r:.2f}x" for r in ratios)
+    given = [r for r in ratios if r is not None]
+    if not given:
+        return f"{shown}: no round gave a ratio"
+    return f"{shown}; median {statistics.median(given):.2f}x over {len(given)} rounds"
+
+
 async def bench(
-    levels: list[int], seconds: float, venv: Path, systems: list[str], awake: bool = False
+    levels: list[int],
+    seconds: float,
+    venv: Path,
+    systems: list[str],
+    awake: bool = False,
+    rounds: int = 1,
 ) -> None:
     pcm = read_wav_8k(SPEECH_WAV)[: int(seconds * RATE) * 2]
     token = secrets.token_urlsafe(16)
@@ -409,6 +429,36 @@ async def bench(
             f"--keep-core-awake: a busy loop at SCHED_IDLE on core {server_core}, run only "
             "when the server is idle (not counted in its CPU), keeps that core from idling"
         )
+    ratios: list[float | None] = []
+    limited_ratios: list[float | None] = []
+    for round_number in range(1, rounds + 1):
+        if rounds > 1:
+            print(f"round {round_number} of {rounds}")
+        # The systems take turns going first, so that a drift of the VM's speed over a
+        # run does not always favour the same one.
+        order = systems if round_number % 2 else systems[::-1]
+        ratio, limited = await _one_round(
+            levels, pcm, token, venv, order, server_core, load_cores, awake
+        )
+        ratios.append(ratio)
+        limited_ratios.append(limited)
+    if rounds > 1 and set(systems) == {"rutster", "pipecat"}:
+        print(f"ratio rutster / Pipecat by round: {median_over_rounds(ratios)}")
+        print(f"ratio with rutster within the goal's limits: {median_over_rounds(limited_ratios)}")
+
+
+async def _one_round(
+    levels: list[int],
+    pcm: bytes,
+    token: str,
+    venv: Path,
+    systems: list[str],
+    server_core: list[int],
+    load_cores: list[int],
+    awake: bool,
+) -> tuple[float | None, float | None]:
+    """Every level on every system once, with the summary lines; the two ratios (None
+    when Pipecat carried no level whole, or a system was not run)."""
     print(
         f"{'system':14} {'calls':>5} {'carried':>9} {'CPU':>7} {'CPU/call':>9} "
         f"{'over idle':>10} {'KiB/call':>9} {'lag P50':>7} {'lag P99':>7}"
@@ -456,6 +506,8 @@ async def bench(
             f"ratio with rutster within the goal's limits: {limited:.2f}x "
             "(Pipecat's calls carried as above)"
         )
+        return ratio, limited
+    return None, None
 
 
 def main() -> None:
@@ -468,6 +520,9 @@ def main() -> None:
     )
     parser.add_argument("--systems", default="rutster,pipecat")
     parser.add_argument(
+        "--rounds", type=int, default=1, help="run the comparison this many times; median ratio"
+    )
+    parser.add_argument(
         "--keep-core-awake",
         action="store_true",
         help="a SCHED_IDLE busy loop on the server's core: what an idle core costs the server",
@@ -477,11 +532,15 @@ def main() -> None:
     systems = [s for s in args.systems.split(",") if s]
     if not levels or min(levels) < 1 or not set(systems) <= {"rutster", "pipecat"}:
         parser.error("--levels are positive numbers; --systems is rutster and/or pipecat")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if (max(levels) - 1) / START_RATE_PER_S + 3.0 > args.seconds:
         parser.error("--seconds must leave time with every call running after the last start")
     if args.install_pipecat:
         install_pipecat(args.pipecat_venv)
-    asyncio.run(bench(levels, args.seconds, args.pipecat_venv, systems, args.keep_core_awake))
+    asyncio.run(
+        bench(levels, args.seconds, args.pipecat_venv, systems, args.keep_core_awake, args.rounds)
+    )
 
 
 if __name__ == "__main__":

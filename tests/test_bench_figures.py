@@ -14,6 +14,7 @@ import pytest
 
 from bench.call_profile import ENGINE_ENTRIES, OTHER, TIMER_ROWS, TIMERS_SITE, charge, read_timers
 from bench.concurrent_calls import histogram_p99_ms, pooled_jitter_p99_ms
+from bench.vs_pipecat import median_over_rounds
 from rutster.tools.twilio_simulator import SimulatedCallResult
 
 PREFIX = "rutster_pacer_lateness_seconds_bucket|"
@@ -102,3 +103,11 @@ def test_a_timed_method_adds_its_cpu_time_and_calls(tmp_path: Path) -> None:
     path = tmp_path / "timers.json"
     path.write_text(json.dumps({"EchoGate.capture": {"cpu_ns": 5, "calls": 2}}))
     assert read_timers(path) == {"EchoGate.capture": (5, 2)}
+
+
+def test_the_ratio_over_rounds_is_the_median_of_the_rounds_that_gave_one() -> None:
+    assert median_over_rounds([3.0, 4.0, None, 2.0]) == (
+        "3.00x, 4.00x, -, 2.00x; median 3.00x over 3 rounds"
+    )
+    assert median_over_rounds([3.0, 4.0]) == "3.00x, 4.00x; median 3.50x over 2 rounds"
+    assert median_over_rounds([None]) == "-: no round gave a ratio"
