@@ -33,6 +33,11 @@ first, and ends with each round's ratios and their median: one run's ratio moves
 level either way with the VM's hour and each system's ragged edge (README), so the figure
 to quote is the median over rounds.
 
+``--without vad`` or ``--without reflex`` cuts that part out of rutster
+(``bench/without_parts/sitecustomize.py``): what the rest of the gateway would carry if
+the part cost nothing. A bound on what the part costs (README, "Where a call's time
+goes"), not a setting to run with: those calls hear no caller turns.
+
 ``--keep-core-awake`` runs a busy loop at ``SCHED_IDLE`` on the server's core for the
 whole run: it runs only when the server has nothing to do (its CPU is not the server's),
 so the core never idles. A measurement of what an idle core costs the server (README,
@@ -74,6 +79,14 @@ from rutster.tools.twilio_simulator import (
 )
 
 BENCH = Path(__file__).resolve().parent
+#: The sitecustomize ``--without PART`` puts first on the gateway's PYTHONPATH.
+WITHOUT_SITE = BENCH / "without_parts"
+#: What ``--without`` may cut out of rutster (bench/without_parts/sitecustomize.py).
+WITHOUT_PARTS = ("vad", "reflex")
+WITHOUT_PART_LABELS = {
+    "vad": "voice-activity detector",
+    "reflex": "reflex loop (echo gate, VAD, turn-taking, barge-in)",
+}
 SPEECH_WAV = BENCH.parent / "tests/fixtures/audio/caller_speech_8k.wav"
 #: Pipecat's agent script, run by Pipecat's own interpreter.
 PIPECAT_AGENT = BENCH / "pipecat_twilio_echo.py"
@@ -285,6 +298,16 @@ def rutster_server(
         yield f"http://{LOOPBACK}:{gateway.port}", psutil.Process(gateway.proc.pid)
 
 
+def without_env(part: str | None) -> dict[str, str] | None:
+    """The gateway's extra variables for ``--without PART`` (None: rutster as shipped)."""
+    if part is None:
+        return None
+    if part not in WITHOUT_PARTS:
+        raise ValueError(f"--without is one of {', '.join(WITHOUT_PARTS)}, not {part!r}")
+    path = os.pathsep.join(p for p in (str(WITHOUT_SITE), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "RUTSTER_BENCH_WITHOUT": part}
+
+
 def rss_mib(server: psutil.Process) -> float:
     """The server process's resident memory (rutster's embedded Redis, a process of
     its own, is the spend store, not per-call state: it is not counted)."""
@@ -411,6 +434,7 @@ async def bench(
     systems: list[str],
     awake: bool = False,
     rounds: int = 1,
+    without: str | None = None,
 ) -> None:
     pcm = read_wav_8k(SPEECH_WAV)[: int(seconds * RATE) * 2]
     token = secrets.token_urlsafe(16)
@@ -429,6 +453,12 @@ async def bench(
             f"--keep-core-awake: a busy loop at SCHED_IDLE on core {server_core}, run only "
             "when the server is idle (not counted in its CPU), keeps that core from idling"
         )
+    if without is not None:
+        print(
+            f"--without {without}: rutster's {WITHOUT_PART_LABELS[without]} cut out "
+            "(bench/without_parts/sitecustomize.py): what the rest would carry if that part "
+            "cost nothing, not a setting to run with"
+        )
     ratios: list[float | None] = []
     limited_ratios: list[float | None] = []
     for round_number in range(1, rounds + 1):
@@ -438,7 +468,7 @@ async def bench(
         # run does not always favour the same one.
         order = systems if round_number % 2 else systems[::-1]
         ratio, limited = await _one_round(
-            levels, pcm, token, venv, order, server_core, load_cores, awake
+            levels, pcm, token, venv, order, server_core, load_cores, awake, without_env(without)
         )
         ratios.append(ratio)
         limited_ratios.append(limited)
@@ -456,6 +486,7 @@ async def _one_round(
     server_core: list[int],
     load_cores: list[int],
     awake: bool,
+    rutster_env: dict[str, str] | None = None,
 ) -> tuple[float | None, float | None]:
     """Every level on every system once, with the summary lines; the two ratios (None
     when Pipecat carried no level whole, or a system was not run)."""
@@ -470,7 +501,9 @@ async def _one_round(
         for calls in levels:
             # A fresh server for each level: nothing one level did carries into the next.
             servers = (
-                rutster_server(token, load_cores) if system == "rutster" else pipecat_server(venv)
+                rutster_server(token, load_cores, rutster_env)
+                if system == "rutster"
+                else pipecat_server(venv)
             )
             with core_kept_awake(server_core, awake), servers as (url, server):
                 server.cpu_affinity(server_core)
@@ -527,6 +560,11 @@ def main() -> None:
         action="store_true",
         help="a SCHED_IDLE busy loop on the server's core: what an idle core costs the server",
     )
+    parser.add_argument(
+        "--without",
+        choices=WITHOUT_PARTS,
+        help="cut this part out of rutster: what the rest would carry if it cost nothing",
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",") if x]
     systems = [s for s in args.systems.split(",") if s]
@@ -539,7 +577,15 @@ def main() -> None:
     if args.install_pipecat:
         install_pipecat(args.pipecat_venv)
     asyncio.run(
-        bench(levels, args.seconds, args.pipecat_venv, systems, args.keep_core_awake, args.rounds)
+        bench(
+            levels,
+            args.seconds,
+            args.pipecat_venv,
+            systems,
+            args.keep_core_awake,
+            args.rounds,
+            args.without,
+        )
     )
 
 

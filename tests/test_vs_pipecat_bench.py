@@ -5,12 +5,16 @@ benchmark itself needs Pipecat's own virtualenv and minutes of load: run by hand
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 
 from bench.vs_pipecat import (
+    WITHOUT_SITE,
     LevelResult,
     carried,
     core_kept_awake,
@@ -18,10 +22,12 @@ from bench.vs_pipecat import (
     echo_lag_ms,
     largest_carried,
     server_gaps,
+    without_env,
 )
 from rutster.tools.twilio_simulator import SimulatedCallResult
 
 RATE = 8_000
+ROOT = Path(__file__).resolve().parent.parent
 
 
 Spans = list[tuple[float, float]]
@@ -133,3 +139,81 @@ def test_keeping_the_core_awake_runs_one_idle_class_spinner_there_and_stops_it()
             psutil.wait_procs([spinner], timeout=0.02)
         assert os.sched_getscheduler(spinner.pid) == os.SCHED_IDLE
     assert not spinner.is_running()
+
+
+def test_without_names_the_cut_for_the_gateway_alone() -> None:
+    assert without_env(None) is None
+    env = without_env("vad")
+    assert env is not None
+    assert env["RUTSTER_BENCH_WITHOUT"] == "vad"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(WITHOUT_SITE)
+    with pytest.raises(ValueError, match="--without is one of vad, reflex"):
+        without_env("echo_gate")
+
+
+#: Run as ``python PROBE serve`` (the sitecustomize acts only in a ``serve`` process): says
+#: which implementation each part the cut touches has, and what the VAD hears of speech.
+PROBE = """
+import numpy as np
+from rutster.gateway.media_engine import MediaEngine
+from rutster.gateway.reflex import ReflexLoop
+from rutster.media.vad import CascadeDetector, EnergyDetector
+loud = (np.sin(np.arange(160) * 0.3) * 12000).astype("<i2").tobytes()
+energy = EnergyDetector()
+heard = max(energy.process(loud) for _ in range(10))
+print(ReflexLoop.on_caller_frame.__name__, MediaEngine._render.__name__,
+      CascadeDetector.process.__name__, heard)
+"""
+
+
+def run_probe(tmp_path: Path, part: str | None) -> subprocess.CompletedProcess[str]:
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    env = {k: v for k, v in os.environ.items() if k != "RUTSTER_BENCH_WITHOUT"}
+    env.update(without_env(part) or {})
+    return subprocess.run(
+        [sys.executable, str(probe), "serve"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("part", "names"),
+    [
+        (None, ["on_caller_frame", "_render", "process"]),
+        ("vad", ["on_caller_frame", "_render", "_nothing_heard"]),
+        ("reflex", ["_no_actions", "_not_rendered", "process"]),
+    ],
+)
+def test_the_cut_replaces_only_its_part_in_a_serve_process(
+    tmp_path: Path, part: str | None, names: list[str]
+) -> None:
+    done = run_probe(tmp_path, part)
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.split()
+    assert words[:3] == names
+    # The energy detector is a VAD too: cut with the others, it hears nothing.
+    assert (float(words[3]) == 0.0) == (part == "vad")
+
+
+def test_an_unknown_cut_stops_the_process_with_the_names_it_takes(tmp_path: Path) -> None:
+    env = without_env("vad")
+    assert env is not None
+    probe = tmp_path / "probe.py"
+    probe.write_text("print('ran')\n")
+    done = subprocess.run(
+        [sys.executable, str(probe), "serve"],
+        cwd=ROOT,
+        env={**os.environ, **env, "RUTSTER_BENCH_WITHOUT": "echo_gate"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "RUTSTER_BENCH_WITHOUT is one of vad, reflex, not 'echo_gate'" in done.stderr
