@@ -20,6 +20,9 @@ Those are the figures to set beside ``bench/reflex_cost.py``'s, which replays on
 engine inputs alone: the same parts, interleaved with every other call's work. With
 ``--keep-core-awake`` a busy loop at ``SCHED_IDLE`` keeps the gateway's core from idling
 (``bench/vs_pipecat.py``): what an idle core costs the parts.
+
+``--without vad|reflex`` profiles the gateway with that part cut out, as
+``bench/vs_pipecat.py --without`` runs it: where the rest of the time goes.
 """
 
 from __future__ import annotations
@@ -44,9 +47,12 @@ from bench.vs_pipecat import (
     RATE,
     SPEECH_WAV,
     START_RATE_PER_S,
+    WITHOUT_PART_LABELS,
+    WITHOUT_PARTS,
     core_kept_awake,
     run_level,
     rutster_server,
+    without_env,
 )
 from rutster.media import compiled
 from rutster.tools.twilio_simulator import read_wav_8k
@@ -127,12 +133,17 @@ def prepare_load(calls: int, seconds: float) -> Load:
     return Load(pcm, token, ramp_s, server_core, load_cores)
 
 
-async def profile(calls: int, seconds: float, nonblocking: bool) -> None:
+async def profile(
+    calls: int, seconds: float, nonblocking: bool, without: str | None = None
+) -> None:
     spy = py_spy()
     load = prepare_load(calls, seconds)
     pcm, token, ramp_s = load.pcm, load.token, load.ramp_s
     server_core, load_cores = load.server_core, load.load_cores
-    with rutster_server(token, load_cores) as (url, server), tempfile.TemporaryDirectory() as tmp:
+    with (
+        rutster_server(token, load_cores, without_env(without)) as (url, server),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         server.cpu_affinity(server_core)
         task = asyncio.ensure_future(run_level("rutster", url, token, calls, pcm, server))
         await asyncio.sleep(IDLE_SAMPLE_S + ramp_s + 1.0)  # every call running
@@ -151,9 +162,10 @@ async def profile(calls: int, seconds: float, nonblocking: bool) -> None:
     total = sum(parts.values())
     if not total:
         raise SystemExit("py-spy took no samples (may it trace this process?)")
+    cut = "" if without is None else f", its {WITHOUT_PART_LABELS[without]} cut out"
     print(
-        f"rutster serve (media kernels: {compiled.describe()}) on core {server_core} with "
-        f"{calls} echo calls ({row.carried}/{calls} "
+        f"rutster serve (media kernels: {compiled.describe()}{cut}) on core {server_core} "
+        f"with {calls} echo calls ({row.carried}/{calls} "
         f"carried{'' if nonblocking else ' while the profiler paused it'}), the gateway at "
         f"{row.cpu_pct:.0f} % of its core ({row.cpu_pct / calls:.2f} % a call); {total} stack "
         f"samples of its main thread, 200 a second for {seconds:.0f} s "
@@ -275,15 +287,23 @@ def main() -> None:
         action="store_true",
         help="with --timers: a SCHED_IDLE busy loop on the gateway's core (bench/vs_pipecat.py)",
     )
+    parser.add_argument(
+        "--without",
+        choices=WITHOUT_PARTS,
+        help="profile with this part cut out (bench/vs_pipecat.py --without): where the rest "
+        "of the time goes",
+    )
     args = parser.parse_args()
     if args.calls < 1 or args.seconds < 1:
         parser.error("--calls and --seconds must be at least 1")
     if args.keep_core_awake and not args.timers:
         parser.error("--keep-core-awake is an option of --timers only")
+    if args.without and args.timers:
+        parser.error("--without is an option of the profile only (the timers time the parts)")
     if args.timers:
         asyncio.run(time_parts(args.calls, args.seconds, args.keep_core_awake))
     else:
-        asyncio.run(profile(args.calls, args.seconds, args.nonblocking))
+        asyncio.run(profile(args.calls, args.seconds, args.nonblocking, args.without))
 
 
 if __name__ == "__main__":
