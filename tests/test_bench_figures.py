@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -111,3 +113,16 @@ def test_the_ratio_over_rounds_is_the_median_of_the_rounds_that_gave_one() -> No
     )
     assert median_over_rounds([3.0, 4.0]) == "3.00x, 4.00x; median 3.50x over 2 rounds"
     assert median_over_rounds([None]) == "-: no round gave a ratio"
+
+
+def test_call_profile_cuts_parts_only_in_its_profile() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.call_profile", "--timers", "--without", "vad"],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--without is an option of the profile only" in done.stderr
