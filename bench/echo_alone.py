@@ -24,7 +24,9 @@ item); a *cut* a pause confirmed as the caller's turn (``speech_started`` with
 ``interrupted``). The goal (issue 12) is none of either.
 
 ``--split tune`` is what choices are made on; ``--split heldout`` (the default)
-is what is reported. Usage: ``python -m bench.echo_alone [--split heldout|tune]
+is what is reported. ``--split tune --voices festival`` plays Festival's synthetic
+diphone voices instead (``tests/fixtures/audio/festival/``), a supplement to tune on.
+Usage: ``python -m bench.echo_alone [--split heldout|tune] [--voices corpus|festival]
 [--quick]`` (from the checkout).
 """
 
@@ -33,11 +35,23 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+import wave
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import soxr
 
-from bench.reflex import MID_CALL_ECHO, PLAYOUT_S, SEED, Line, false_run, split_voices
+from bench.eval_corpus import RATE, Utterance
+from bench.reflex import (
+    MID_CALL_ECHO,
+    PLAYOUT_S,
+    SEED,
+    Line,
+    assistant_voices,
+    false_run,
+    split_voices,
+)
 from rutster.gateway.server import limit_numeric_threads
 
 #: Active level of the assistant's voice on the line it is sent down (dBFS): a loud
@@ -148,14 +162,40 @@ def with_total(tallies: dict[str, GroupTally]) -> list[tuple[str, GroupTally]]:
     return [*tallies.items(), ("all", total)]
 
 
+#: Festival's diphone voices (synthetic: a supplement that may be tuned on, like espeak;
+#: tests/fixtures/audio/festival/README.md), for ``--voices festival``.
+FESTIVAL_DIR = Path(__file__).resolve().parent.parent / "tests/fixtures/audio/festival"
+
+
+def festival_voices() -> list[tuple[str, bytes]]:
+    """Each Festival voice's prompts as the brain's voice: 24 kHz, -18 dBFS, REPLY_MS long."""
+    speakers: dict[str, list[Utterance]] = {}
+    for path in sorted(FESTIVAL_DIR.glob("*_16k.wav")):
+        with wave.open(str(path)) as w:
+            rate = w.getframerate()
+            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float64)
+        pcm24 = np.clip(np.rint(soxr.resample(pcm, rate, RATE)), -32768, 32767).astype("<i2")
+        name = path.name.removesuffix("_16k.wav")
+        speakers[name] = [Utterance(name, "tune", pcm24.tobytes(), path.name)]
+    return assistant_voices(speakers)[1:]  # not the mock voice: it is in every split's run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--split", choices=("heldout", "tune"), default="heldout")
+    parser.add_argument(
+        "--voices",
+        choices=("corpus", "festival"),
+        default="corpus",
+        help="the split's voices, or Festival's synthetic ones (tune-eligible)",
+    )
     parser.add_argument("--quick", action="store_true", help="two voices, one line per group")
     args = parser.parse_args()
     limit_numeric_threads()  # as rutster serve runs the engine
     started = time.perf_counter()
-    voices = split_voices(args.split)
+    if args.voices == "festival" and args.split != "tune":
+        parser.error("Festival's voices are a tune supplement: use --split tune")
+    voices = split_voices(args.split) if args.voices == "corpus" else festival_voices()
     if args.quick:
         voices = voices[:2]
     grid = conditions(args.quick)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from bench.echo_alone import PATHS, Condition, conditions, echo_alone
-from bench.eval_corpus import Utterance, utterances
-from bench.reflex import assistant_voices
+import pytest
+
+from bench.echo_alone import PATHS, Condition, conditions, echo_alone, festival_voices
+from bench.eval_corpus import RATE, Utterance, active_level_dbfs, utterances
+from bench.reflex import REPLY_MS, assistant_voices
 
 
 def test_the_grid_covers_levels_noisy_lines_and_every_move() -> None:
@@ -29,3 +31,18 @@ def test_an_echo_path_moving_mid_answer_neither_pauses_nor_cuts() -> None:
     voice = dict(assistant_voices(speakers))["aepyx"]
     moved = Condition("moved", -18.0, 200.0, 6.0, moves_to=(450.0, 10.0))
     assert echo_alone(voice, moved) == (0, 0)
+
+
+def test_festivals_voices_are_six_brain_voices_of_a_reply_each() -> None:
+    voices = festival_voices()
+    assert [name for name, _ in voices] == [
+        "hy_fi_mv_diphone",
+        "kal_diphone",
+        "ked_diphone",
+        "lp_diphone",
+        "pc_diphone",
+        "suo_fi_lj_diphone",
+    ]
+    for name, pcm in voices:
+        assert len(pcm) == REPLY_MS * RATE // 1000 * 2, name
+        assert active_level_dbfs(pcm) == pytest.approx(-18.0, abs=0.5), name
