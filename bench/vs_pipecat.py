@@ -81,12 +81,13 @@ from rutster.tools.twilio_simulator import (
 BENCH = Path(__file__).resolve().parent
 #: The sitecustomize ``--without PART`` puts first on the gateway's PYTHONPATH.
 WITHOUT_SITE = BENCH / "without_parts"
-#: What ``--without`` may cut out of rutster (bench/without_parts/sitecustomize.py).
-WITHOUT_PARTS = ("vad", "reflex")
+#: What ``--without`` may cut out of rutster (bench/without_parts/sitecustomize.py's
+#: PARTS, which cannot import this module), and what each is.
 WITHOUT_PART_LABELS = {
     "vad": "voice-activity detector",
     "reflex": "reflex loop (echo gate, VAD, turn-taking, barge-in)",
 }
+WITHOUT_PARTS = tuple(WITHOUT_PART_LABELS)
 SPEECH_WAV = BENCH.parent / "tests/fixtures/audio/caller_speech_8k.wav"
 #: Pipecat's agent script, run by Pipecat's own interpreter.
 PIPECAT_AGENT = BENCH / "pipecat_twilio_echo.py"

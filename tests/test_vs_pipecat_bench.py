@@ -4,6 +4,7 @@ benchmark itself needs Pipecat's own virtualenv and minutes of load: run by hand
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import psutil
 import pytest
 
 from bench.vs_pipecat import (
+    WITHOUT_PARTS,
     WITHOUT_SITE,
     LevelResult,
     carried,
@@ -139,6 +141,16 @@ def test_keeping_the_core_awake_runs_one_idle_class_spinner_there_and_stops_it()
             psutil.wait_procs([spinner], timeout=0.02)
         assert os.sched_getscheduler(spinner.pid) == os.SCHED_IDLE
     assert not spinner.is_running()
+
+
+def test_the_benchmark_and_its_sitecustomize_name_the_same_parts() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "without_parts", WITHOUT_SITE / "sitecustomize.py"
+    )
+    assert spec is not None and spec.loader is not None
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)  # installs nothing: not a serve process
+    assert site.PARTS == WITHOUT_PARTS
 
 
 def test_without_names_the_cut_for_the_gateway_alone() -> None:
