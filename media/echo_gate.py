@@ -104,7 +104,10 @@ still hear a caller who talks over the assistant (double talk).
    echo path moves, the residual holds the new echo and the old prediction
    taken off it, a copy of neither: the frame as heard is then checked too,
    and a copy of it (``echo_copy``) at a lag away from the known delay is the
-   moved echo (``bench/echo_alone.py``'s moved lines).
+   moved echo (``bench/echo_alone.py``'s moved lines). Where the frame as heard
+   copies the render at the delay, a residual that a few taps of that render
+   explain (``RESIDUAL_FOLLOWS_SHARE``) is the canceller's own error, a slip at
+   a loud onset, not the caller.
 
 7. What the VAD hears of a frame judged echo alone is silence, on a line that
    has shown echo: a delay found, or the line canceller's whole-range
@@ -422,6 +425,24 @@ STALE_RESIDUAL_DB = 3.0
 #: at all. Chosen on the same calls: 0.5 took those runs from 9 to 7 (0.35: to 3,
 #: but missed two interruptions).
 RESIDUAL_COPY = 0.5
+#: Taps of the short filter through which a trusted line canceller's residual is
+#: fitted to the render, aligned where the frames heard copy it (RESIDUAL_FOLLOWS_SHARE).
+#: A canceller that slips at a loud onset leaves its own error, (path - estimate) * render:
+#: the render through a short filter, weighted to the low band that pre-emphasis takes
+#: out of the RESIDUAL_COPY test (which scored such slips 0.32-0.44). A caller under the
+#: echo leaves their own voice, which no short filter of the render explains. Chosen on
+#: the tune split with RESIDUAL_FOLLOWS_SHARE, over every frame whose residual scored
+#: under RESIDUAL_COPY (tune calls of interruptions on the echo lines of bench/reflex.py,
+#: standard and hard, and Festival's voices on bench/echo_alone.py's lines; a scratch
+#: trace, README "Echo alone over many lines"): 4 taps at 0.7 explained 6 of
+#: 1,218 frames with no caller (both frames of the Finnish voice's slips among them) and
+#: none of 1,537 frames with a caller talking (at most 0.65); 8 taps at 0.8 explained 6
+#: and 3, 16 at 0.8 12 and 5.
+RESIDUAL_FOLLOWS_TAPS = 4
+#: Share of the residual's energy that fit must explain for the residual to be the
+#: canceller's own error, not the caller (chosen with RESIDUAL_FOLLOWS_TAPS; 0.6 also
+#: explained 2 caller frames).
+RESIDUAL_FOLLOWS_SHARE = 0.7
 #: Frames of a near-end run checked for being a copy of the render before the
 #: rest of the run is trusted: the reflex loop's pause needs two (40 ms), and at
 #: the very frame an echo path changes, the two frames compared straddle both
@@ -1103,6 +1124,13 @@ class EchoGate:
                         if heard >= self._config.echo_copy and self._beyond_delay(heard_lag, delay):
                             best, lag = heard, heard_lag
                             copy = self._config.echo_copy
+                        elif heard >= self._config.echo_copy and self._residual_follows(
+                            slot, heard_lag
+                        ):
+                            # The canceller's own error (it slipped at a loud onset),
+                            # where the frames heard copy the render: echo, not the caller.
+                            best, lag = heard, heard_lag
+                            copy = self._config.echo_copy
                     if best >= copy:
                         near_end = False
                         if delay is not None and self._beyond_delay(lag, delay):
@@ -1387,12 +1415,7 @@ class EchoGate:
         waveforms): near 1 when the line carries a copy of what was played
         (echo, through any short echo path), low for anything else.
         """
-        spread = self._spread
-        lo, hi = self._lag_min - spread, self._lag_max + 2 * spread
-        # Render slots slot-1-hi .. slot-lo: every slot the two frames heard can echo.
-        rows = np.arange(slot - 1 - hi, slot - lo + 1) % self._render_size
-        audible = self._render_env.window(slot - lo, len(rows)) > _ENVELOPE_FLOOR_DBFS
-        render = (self._render_wave[rows] * audible[:, None]).ravel().astype(np.float64)
+        render, hi = self._render_span(slot)
         capture = (self._capture_wave if wave is None else wave).astype(np.float64)
         peak = normalised_xcorr_peak(render, capture)
         if peak is None:
@@ -1400,6 +1423,39 @@ class EchoGate:
         correlation, best = peak
         # Render row i is slot - 1 - hi + i, and the two frames heard start at slot - 1.
         return correlation, hi - best / WAVE_FRAME
+
+    def _render_span(self, slot: int) -> tuple[npt.NDArray[np.float64], int]:
+        """The render every slot the last two frames heard can echo, as one waveform
+        (slots slot-1-hi .. slot-lo, inaudible slots zeroed), and ``hi``."""
+        spread = self._spread
+        lo, hi = self._lag_min - spread, self._lag_max + 2 * spread
+        rows = np.arange(slot - 1 - hi, slot - lo + 1) % self._render_size
+        audible = self._render_env.window(slot - lo, len(rows)) > _ENVELOPE_FLOOR_DBFS
+        render = (self._render_wave[rows] * audible[:, None]).ravel().astype(np.float64)
+        return render, hi
+
+    def _residual_follows(self, slot: int, lag: float) -> bool:
+        """Whether the line canceller's residual (the last two frames) is the render at
+        ``lag`` (frames, as :meth:`_coherence` gives it) through a short filter:
+        RESIDUAL_FOLLOWS_TAPS taps around that lag explain RESIDUAL_FOLLOWS_SHARE of
+        its energy (least squares)."""
+        if math.isnan(lag):
+            return False
+        render, hi = self._render_span(slot)
+        residual = self._residual_wave.astype(np.float64)
+        energy = float(residual @ residual)
+        if energy <= 0.0:
+            return False
+        n = len(residual)
+        start = round((hi - lag) * WAVE_FRAME) - RESIDUAL_FOLLOWS_TAPS // 2
+        if start < 0 or start + RESIDUAL_FOLLOWS_TAPS - 1 + n > len(render):
+            return False
+        taps = np.lib.stride_tricks.sliding_window_view(
+            render[start : start + n - 1 + RESIDUAL_FOLLOWS_TAPS], n
+        )
+        fitted, *_ = np.linalg.lstsq(taps.T, residual, rcond=None)
+        left = residual - taps.T @ fitted
+        return 1.0 - float(left @ left) / energy >= RESIDUAL_FOLLOWS_SHARE
 
     def _forget_delay(self, slot: int | None = None) -> None:
         """Drop the delay and all the ERL learned (back to the conservative prediction).

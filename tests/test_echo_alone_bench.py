@@ -46,3 +46,16 @@ def test_festivals_voices_are_six_brain_voices_of_a_reply_each() -> None:
     for name, pcm in voices:
         assert len(pcm) == REPLY_MS * RATE // 1000 * 2, name
         assert active_level_dbfs(pcm) == pytest.approx(-18.0, abs=0.5), name
+
+
+def test_a_line_canceller_slip_at_a_loud_onset_does_not_pause() -> None:
+    """Festival's Finnish voice over 10 dB of echo at 80 ms, on a quiet line.
+
+    Found by this benchmark's Festival voices (tune): at one loud onset the trusted
+    line canceller left two frames of its own error 22 dB under the frame, enough to
+    be called the caller, and the VAD scored that residual of the assistant's voice
+    0.55: one pause, before the echo gate fitted the residual to the render
+    (media/echo_gate.py RESIDUAL_FOLLOWS_SHARE).
+    """
+    voice = dict(festival_voices())["suo_fi_lj_diphone"]
+    assert echo_alone(voice, Condition("levels", -18.0, 80.0, 10.0)) == (0, 0)
