@@ -435,9 +435,9 @@ RESIDUAL_COPY = 0.5
 #: under RESIDUAL_COPY (tune calls of interruptions on the echo lines of bench/reflex.py,
 #: standard and hard, and Festival's voices on bench/echo_alone.py's lines; a scratch
 #: trace, README "Echo alone over many lines"): 4 taps at 0.7 explained 6 of
-#: 1,218 frames with no caller (both frames of the Finnish voice's slips among them) and
-#: none of 1,537 frames with a caller talking (at most 0.65); 8 taps at 0.8 explained 6
-#: and 3, 16 at 0.8 12 and 5.
+#: 1,218 frames with no caller (the second frame of each of the Finnish voice's two
+#: slips among them: a run of one frame does not pause) and none of 1,537 frames with a
+#: caller talking (at most 0.65); 8 taps at 0.8 explained 6 and 3, 16 at 0.8 12 and 5.
 RESIDUAL_FOLLOWS_TAPS = 4
 #: Share of the residual's energy that fit must explain for the residual to be the
 #: canceller's own error, not the caller (chosen with RESIDUAL_FOLLOWS_TAPS; 0.6 also
