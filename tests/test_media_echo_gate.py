@@ -341,6 +341,36 @@ def test_double_talk_over_loud_echo_still_barges_in(
     assert frames_to_barge_in(flags, line) <= 50  # within a second
 
 
+@pytest.mark.parametrize(("erl_db", "caller_gain_db"), [(6.0, 0.0), (6.0, -10.0), (10.0, -10.0)])
+def test_a_caller_heard_by_the_residual_is_not_fitted_to_the_render(
+    assistant: list[bytes],
+    caller: npt.NDArray[np.float64],
+    monkeypatch: pytest.MonkeyPatch,
+    erl_db: float,
+    caller_gain_db: float,
+) -> None:
+    """The slip test (RESIDUAL_FOLLOWS_SHARE) runs on a caller under the echo, and fits
+    none of their frames to the render (a fit would call the caller echo)."""
+    line = simulate(
+        assistant,
+        rtt_ms=200,
+        erl_db=erl_db,
+        caller_8k=caller * 10 ** (caller_gain_db / 20),
+        caller_start_ms=8000,  # into the mock voice's reply, the canceller trusted
+    )
+    checked: list[bool] = []
+    follows = EchoGate._residual_follows
+
+    def spy(gate: EchoGate, slot: int, lag: float) -> bool:
+        checked.append(follows(gate, slot, lag))
+        return checked[-1]
+
+    monkeypatch.setattr(EchoGate, "_residual_follows", spy)
+    run(EchoGate(), line)
+    assert checked, "the line never reached the slip test"
+    assert not any(checked)
+
+
 def test_no_render_passes_everything_above_the_floor(caller: npt.NDArray[np.float64]) -> None:
     frames = _to_narrowband(np.concatenate([np.zeros(WIRE_RATE // 2), caller]))
     gate = EchoGate()
