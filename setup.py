@@ -16,6 +16,10 @@ setup(
             # roundings, and the echo gate's kernels must give numpy's results bit for bit.
             extra_compile_args=["-ffp-contract=off"],
             optional=True,
-        )
+        ),
+        # Silero's 8 kHz network (media/silero_kernel.py): its own module, built with the
+        # compiler's default contraction (multiply-adds fused): its results are held to
+        # onnxruntime's within a tolerance, not to numpy's bit for bit.
+        Extension("rutster.media._silero", sources=["media/_silero.c"], optional=True),
     ]
 )

@@ -46,6 +46,7 @@ Usage: ``python bench/vad_compare.py [--runs N]`` (about 5 s).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import platform
 import statistics
@@ -63,9 +64,11 @@ import soxr
 from rutster.media.formats import NARROWBAND_FRAME_SAMPLES, NARROWBAND_SAMPLE_RATE
 from rutster.media.narrowband import NarrowbandTap, decimation_fir
 from rutster.media.vad import (
+    DEFAULT_SILERO_ENGINE,
     DETECTOR_NAMES,
     SPEECH_THRESHOLD,
     CascadeDetector,
+    SileroDetector,
     SpeechDetector,
     make_detector,
 )
@@ -497,6 +500,27 @@ def _ms(frames: Sequence[int], pick: Callable[[Sequence[int]], float]) -> str:
     return f"{pick(frames) * 20:7.0f}ms" if frames else f"{'-':>9s}"
 
 
+#: Width of the detector column (the longest label is "cascade (onnxruntime)").
+LABEL_WIDTH = 21
+
+
+def _rows() -> list[tuple[str, Callable[[], SpeechDetector]]]:
+    """Each detector by name, then Silero and the cascade with Silero in onnxruntime when
+    the default engine is the compiled kernel: the two engines side by side in one run."""
+    rows: list[tuple[str, Callable[[], SpeechDetector]]] = [
+        (name, functools.partial(make_detector, name)) for name in DETECTOR_NAMES
+    ]
+    if DEFAULT_SILERO_ENGINE != "onnxruntime":
+        rows.append(("silero (onnxruntime)", lambda: SileroDetector("onnxruntime")))
+        rows.append(
+            (
+                "cascade (onnxruntime)",
+                lambda: CascadeDetector(confirm=SileroDetector("onnxruntime")),
+            )
+        )
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the comparison tables."""
     parser = argparse.ArgumentParser(description="Cost and accuracy of the VADs side by side.")
@@ -524,9 +548,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     print()
-    print(f"{'':9s} {'µs/frame':^29s} | {'phone stream (8 kHz)':^54s} | {'wideband (16 kHz)':^25s}")
+    print(
+        f"{'':{LABEL_WIDTH}s} {'µs/frame':^29s} | {'phone stream (8 kHz)':^54s} | "
+        f"{'wideband (16 kHz)':^25s}"
+    )
     header = (
-        f"{'detector':9s} {'fixture':>9s} {'talk 1/3':>9s} {'idle':>9s} | "
+        f"{'detector':{LABEL_WIDTH}s} {'fixture':>9s} {'talk 1/3':>9s} {'idle':>9s} | "
         f"{'recall':>6s} {'FP':>6s} {'onset med':>9s} {'onset max':>9s} "
         f"{'missed':>6s} {'FP run':>6s} {'neural':>6s} | "
         f"{'recall':>6s} {'FP':>6s} {'onset med':>9s}"
@@ -534,16 +561,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     scores: dict[str, dict[str, Score]] = {}
-    for name in DETECTOR_NAMES:
-
-        def factory(name: str = name) -> SpeechDetector:
-            return make_detector(name)
-
+    for name, factory in _rows():
         scores[name] = {k: score(factory(), SPEECH_THRESHOLD, s) for k, s in streams.items()}
         p, w = scores[name]["phone"], scores[name]["wideband"]
         share = "" if p.neural_share is None else f"{p.neural_share:6.0%}"
         print(
-            f"{name:9s} {cost_us(factory, fixture, args.runs):9.1f} "
+            f"{name:{LABEL_WIDTH}s} {cost_us(factory, fixture, args.runs):9.1f} "
             f"{cost_us(factory, talk, args.runs):9.1f} "
             f"{cost_us(factory, idle, args.runs):9.1f} | {p.recall:6.1%} "
             f"{p.false_positive:6.1%} {_ms(p.onset_frames, statistics.median)} "
@@ -555,7 +578,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("onset: from a speech stretch's first frame to its first frame at/above the threshold;")
     print("missed: stretches never detected; FP run: longest false alarm (false positives")
     print(f"not within {RELEASE_FRAMES * 20} ms after speech; 200 ms can start a turn);")
-    print("neural: share of frames the cascade ran Silero on")
+    print("neural: share of frames the cascade ran Silero on; '(onnxruntime)': Silero run")
+    print(
+        f"in onnxruntime, beside the default engine ({DEFAULT_SILERO_ENGINE}) in the rows above it"
+    )
     print()
     for stream_name in streams:
         kinds = list(scores[DETECTOR_NAMES[0]][stream_name].fp_by_kind)

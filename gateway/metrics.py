@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from rutster.gateway.event_bus import CallEvent
-from rutster.media import compiled
+from rutster.media import compiled, silero_kernel
 from rutster.protocols.tool_catalog import TOOL_CATALOG
 
 #: Pacer wake-up lateness buckets (seconds): fine below the 10 ms jitter goal of
@@ -59,6 +59,13 @@ class GatewayMetrics:
             registry=r,
         )
         self.compiled_kernels.set(0 if compiled.KERNELS is None else 1)
+        self.silero_compiled = Gauge(
+            "rutster_silero_compiled",
+            "1 when Silero VAD runs in its compiled kernel (media/_silero.c), 0 when in "
+            "onnxruntime (not built, or no AVX2/FMA: the same decisions, ~3x its CPU)",
+            registry=r,
+        )
+        self.silero_compiled.set(0 if silero_kernel.KERNEL is None else 1)
         self.call_tasks = Gauge(
             "rutster_call_tasks", "asyncio tasks owned by live calls (0 when idle)", registry=r
         )

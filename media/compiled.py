@@ -3,11 +3,15 @@
 ``pip install`` builds them as an optional C extension (``setup.py``): on a machine with
 no C compiler the install goes on without them, and each user of a kernel runs its numpy
 code instead (:mod:`media.echo_kernels`, :mod:`media.polyphase`); ``rutster serve`` warns.
+Silero's compiled network (``media/_silero.c``) is a second optional extension, whose
+stand-in is onnxruntime (:mod:`media.silero_kernel`); :func:`describe` names both.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
+
+from rutster.media import silero_kernel
 
 __all__ = ["KERNELS", "describe"]
 
@@ -26,6 +30,14 @@ KERNELS = _load()
 
 def describe() -> str:
     """Which kernels run, for logs and benchmark headers (a figure says what build made it)."""
-    if KERNELS is None:
-        return "numpy twins (the C kernels were not built)"
-    return "compiled (media/_kernels.c)"
+    kernels = (
+        "numpy twins (the C kernels were not built)"
+        if KERNELS is None
+        else "compiled (media/_kernels.c)"
+    )
+    silero = (
+        "onnxruntime (its kernel was not built or this CPU lacks AVX2 and FMA)"
+        if silero_kernel.KERNEL is None
+        else "compiled (media/_silero.c)"
+    )
+    return f"{kernels}; Silero VAD: {silero}"

@@ -22,11 +22,15 @@ detector   fixture  talk 1/3  idle   recall  false  onset   longest  wideband  f
            µs       µs        µs     phone   pos.   median  false    recall    pos.
                                                             alarm
 =========  =======  ========  =====  ======  =====  ======  =======  ========  =====
-energy       4.5      4.5      3.1   66 %    25 %    0 ms   1480 ms    86 %    20 %
-webrtc       2.6      2.5      2.4   86 %    35 %    0 ms   3120 ms    94 %    15 %
-silero      76.9     60.9     63.1   93 %   1.4 %   40 ms      0 ms    92 %   1.2 %
-cascade     65.2     36.2      3.5   95 %   1.7 %   40 ms      0 ms    91 %   0.9 %
+energy       3.1      3.0      3.1   66 %    25 %    0 ms   1480 ms    86 %    20 %
+webrtc       1.8      1.7      1.6   86 %    35 %    0 ms   3120 ms    94 %    15 %
+silero      18.5     18.0     17.4   93 %   1.4 %   40 ms      0 ms    92 %   1.2 %
+cascade     27.4     11.1      3.3   95 %   1.7 %   40 ms      0 ms    91 %   0.9 %
 =========  =======  ========  =====  ======  =====  ======  =======  ========  =====
+
+(2026-12-07, Silero in its compiled kernel, :mod:`media.silero_kernel`; the same
+run put Silero in onnxruntime at 49.9 / 50.6 / 50.2 µs and the cascade with it
+at 68.5 / 28.1 / 3.3 µs, every accuracy column identical.)
 
 (The longest false alarm is the longest run of false positives that does
 not start within 200 ms of the end of speech; 200 ms of speech frames start
@@ -40,13 +44,14 @@ a turn in :mod:`media.endpointing`.)
   and catches speech, but at its most aggressive mode still calls 35 % of
   non-speech frames speech (85-100 % of white and pink noise at -40..-20
   dBFS, hum, DTMF, ringback, the noise bursts).
-* :class:`SileroDetector` (Silero VAD v6 through onnxruntime, fed 8 kHz) is
-  the only one that tells speech from noise: 93 % recall at 1.4 % false
-  positives, fed the wire's own 8 kHz (87 % at 1.0 % when it was fed every
-  third sample of the 24 kHz audio the brain gets). It costs about 60-80 µs
-  per 20 ms frame on this VM (40 µs on the machine the README's first
-  figures come from), more than the whole reflex budget (0.2 % of a core per
-  call, 40 µs per frame). At 16 kHz (behind soxr) it called real speech
+* :class:`SileroDetector` (Silero VAD v6, fed 8 kHz) is the only one that
+  tells speech from noise: 93 % recall at 1.4 % false positives, fed the
+  wire's own 8 kHz (87 % at 1.0 % when it was fed every third sample of the
+  24 kHz audio the brain gets). Its network runs in a compiled kernel
+  (:mod:`media.silero_kernel`, ~18 µs per 20 ms frame on this VM) or, where
+  that was not built, in onnxruntime (~50-80 µs, more than the whole reflex
+  budget of 0.2 % of a core per call, 40 µs per frame); the two agree within
+  about 1e-6 of probability. At 16 kHz (behind soxr) it called real speech
   onsets later (``SILERO_SAMPLE_RATE``); what it misses at 8 kHz is mostly
   the dips between words, which a 500 ms turn silence spans.
 * :class:`CascadeDetector` runs an energy gate (2 µs) on every frame and
@@ -57,7 +62,8 @@ a turn in :mod:`media.endpointing`.)
   what the gate costs. While the caller talks it costs Silero's plus the
   gate's 2-4 µs, and several Silero windows once per opening of the gate (the
   160 ms); a caller who talks a third of the call averages about half of
-  Silero's cost per frame (36 µs against 77 on this VM).
+  Silero's cost per frame (11 µs against 18 on this VM; 28 against 50 with
+  Silero in onnxruntime).
 
 :data:`DEFAULT_DETECTOR` is therefore ``"cascade"``: accuracy first (Silero's
 recall, false positives and onset, and no false alarm long enough to start
@@ -87,6 +93,7 @@ import numpy as np
 import numpy.typing as npt
 import webrtcvad  # type: ignore[import-untyped]
 
+from rutster.media import silero_kernel
 from rutster.media.endpointing import (
     TRAILING_SILENCE_MS,
     EndpointerConfig,
@@ -105,8 +112,10 @@ __all__ = [
     "CASCADE_HANGOVER_FRAMES",
     "CASCADE_PREROLL_FRAMES",
     "DEFAULT_DETECTOR",
+    "DEFAULT_SILERO_ENGINE",
     "DETECTOR_NAMES",
     "ENERGY_SLOPE_DB",
+    "SILERO_ENGINES",
     "SILERO_MODEL_FILE",
     "SILERO_MODEL_PACKAGE",
     "SILERO_MODEL_SHA256",
@@ -306,10 +315,8 @@ def _silero_model_path() -> Path:
 
 
 @functools.cache
-def _silero_session() -> onnxruntime.InferenceSession:
-    """The process-wide Silero session, loaded once (``run`` is thread-safe)."""
-    import onnxruntime  # ~0.1 s to import: only when Silero is wanted.
-
+def _silero_model() -> bytes:
+    """The Silero model file's bytes, read once and checked against :data:`SILERO_MODEL_SHA256`."""
     path = _silero_model_path()
     try:
         model = path.read_bytes()
@@ -320,6 +327,15 @@ def _silero_session() -> onnxruntime.InferenceSession:
         raise ModelUnavailableError(
             f"Silero model {path} has SHA-256 {digest}, expected {SILERO_MODEL_SHA256}"
         )
+    return model
+
+
+@functools.cache
+def _silero_session() -> onnxruntime.InferenceSession:
+    """The process-wide Silero session, loaded once (``run`` is thread-safe)."""
+    import onnxruntime  # ~0.1 s to import: only when Silero is wanted.
+
+    model = _silero_model()
     options = onnxruntime.SessionOptions()
     # One thread: the gateway runs one process per core, and a thread pool
     # would only add wake-ups to a 70 µs inference.
@@ -332,20 +348,44 @@ def _silero_session() -> onnxruntime.InferenceSession:
     )
 
 
-class SileroDetector:
-    """Silero VAD v6 (ONNX, via onnxruntime): the latest window's probability per frame.
+@functools.cache
+def _silero_packed_weights() -> npt.NDArray[np.float32]:
+    """The model's 8 kHz weights packed for the compiled kernel, once per process (read-only)."""
+    if silero_kernel.KERNEL is None:
+        raise ModelUnavailableError("the compiled Silero kernel is not available here")
+    weights = silero_kernel.pack_weights(_silero_model())
+    expected = silero_kernel.KERNEL.packed_floats()
+    if weights.size != expected:
+        raise ModelUnavailableError(
+            f"the Silero weights packed to {weights.size} floats, the kernel reads {expected}"
+        )
+    return weights
 
-    The model takes 32 ms windows at 8 kHz: frames are decimated and
-    buffered, and each frame reports the probability of the last complete
-    window (0.0 before the first). The model session is shared by every
-    instance in the process (loaded by the first); the recurrent state, the
-    context and the resampler are per instance.
+
+#: Ways :class:`SileroDetector` can run the model: the compiled kernel
+#: (:mod:`media.silero_kernel`, ~24 µs a window on the dev VM) or onnxruntime (~70 µs).
+SILERO_ENGINES = ("compiled", "onnxruntime")
+#: The engine detectors use: the kernel wherever it was built and this CPU runs it.
+DEFAULT_SILERO_ENGINE = "compiled" if silero_kernel.KERNEL is not None else "onnxruntime"
+
+
+class SileroDetector:
+    """Silero VAD v6: the latest window's probability per frame.
+
+    The model takes 32 ms windows at 8 kHz: frames are buffered, and each frame
+    reports the probability of the last complete window (0.0 before the first).
+    ``engine`` (one of :data:`SILERO_ENGINES`; :data:`DEFAULT_SILERO_ENGINE` when
+    None) runs each window: the compiled kernel, whose packed weights every
+    instance in the process shares, or onnxruntime, whose session every instance
+    shares. Their probabilities agree within about 1e-6. The recurrent state and
+    the context are per instance.
     """
 
     __slots__ = (
         "_binding",
         "_fill",
         "_input",
+        "_kernel",
         "_output",
         "_probability",
         "_quiet_windows",
@@ -353,13 +393,19 @@ class SileroDetector:
         "_session",
         "_state",
         "_state_out",
+        "_weights",
         "_windows",
+        "engine",
     )
 
-    def __init__(self) -> None:
-        import onnxruntime  # imported already by _silero_session
-
-        self._session = _silero_session()
+    def __init__(self, engine: str | None = None) -> None:
+        engine = DEFAULT_SILERO_ENGINE if engine is None else engine
+        if engine not in SILERO_ENGINES:
+            raise ValueError(
+                f"unknown Silero engine {engine!r}; valid engines: {', '.join(SILERO_ENGINES)}"
+            )
+        #: The engine that runs this detector's windows.
+        self.engine = engine
         self._rate = np.array(SILERO_SAMPLE_RATE, dtype=np.int64)
         # The model's input, [context | window], filled in place.
         self._input: npt.NDArray[np.float32] = np.zeros(
@@ -368,6 +414,24 @@ class SileroDetector:
         self._state: npt.NDArray[np.float32] = np.zeros(_SILERO_STATE_SHAPE, dtype=np.float32)
         self._state_out: npt.NDArray[np.float32] = np.zeros_like(self._state)
         self._output: npt.NDArray[np.float32] = np.zeros((1, 1), dtype=np.float32)
+        self._session: onnxruntime.InferenceSession | None = None
+        self._binding: onnxruntime.IOBinding | None = None
+        self._kernel = silero_kernel.KERNEL
+        self._weights: npt.NDArray[np.float32] | None = None
+        if engine == "compiled":
+            # Checks the model file and the kernel (raises ModelUnavailableError).
+            self._weights = _silero_packed_weights()
+        else:
+            self._bind_session()
+        self._fill = _SILERO_CONTEXT
+        self._probability = 0.0
+        self._windows = 0
+        self._quiet_windows = 0
+
+    def _bind_session(self) -> None:
+        import onnxruntime
+
+        self._session = _silero_session()
         # Every input and output bound once to these arrays (a CPU OrtValue shares
         # the array's memory): a window then costs no copies and no allocations,
         # ~10 µs of the ~72 µs session.run took here (measured, same outputs).
@@ -379,10 +443,6 @@ class SileroDetector:
         binding.bind_ortvalue_output("output", to_ort(self._output))
         binding.bind_ortvalue_output("stateN", to_ort(self._state_out))
         self._binding = binding
-        self._fill = _SILERO_CONTEXT
-        self._probability = 0.0
-        self._windows = 0
-        self._quiet_windows = 0
 
     def process(self, frame: bytes, near_end: bool = True) -> float:
         """Probability of the latest complete 32 ms window, this frame's audio included."""
@@ -403,8 +463,15 @@ class SileroDetector:
         return self._probability
 
     def _run_window(self) -> None:
-        self._session.run_with_iobinding(self._binding)
-        probability = self._probability = float(self._output[0, 0])
+        if self._weights is not None and self._kernel is not None:
+            # The kernel replaces the state in place (there is no state_out to copy).
+            probability = self._kernel.window_probability(self._weights, self._input, self._state)
+            self._probability = probability
+        else:
+            assert self._session is not None
+            self._session.run_with_iobinding(self._binding)
+            probability = self._probability = float(self._output[0, 0])
+            np.copyto(self._state, self._state_out)
         self._windows += 1
         self._quiet_windows = (
             self._quiet_windows + 1 if probability < SILERO_RESET_QUIET_PROBABILITY else 0
@@ -417,8 +484,6 @@ class SileroDetector:
             # a quiet stretch; the context (the audio just heard) is kept.
             self._state.fill(0.0)
             self._windows = 0
-        else:
-            np.copyto(self._state, self._state_out)
         buffer = self._input[0]
         buffer[:_SILERO_CONTEXT] = buffer[-_SILERO_CONTEXT:]
         self._fill = _SILERO_CONTEXT

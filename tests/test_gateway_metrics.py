@@ -7,7 +7,7 @@ from prometheus_client import generate_latest
 
 from rutster.gateway.event_bus import CallEvent
 from rutster.gateway.metrics import OTHER_TOOL_LABEL, GatewayMetrics
-from rutster.media import compiled
+from rutster.media import compiled, silero_kernel
 from rutster.protocols.tool_catalog import TOOL_CATALOG
 
 
@@ -42,3 +42,11 @@ def test_the_metrics_say_whether_the_compiled_kernels_run(
     assert "rutster_compiled_kernels 1.0" in generate_latest(GatewayMetrics().registry).decode()
     monkeypatch.setattr(compiled, "KERNELS", None)  # a build without a C compiler
     assert "rutster_compiled_kernels 0.0" in generate_latest(GatewayMetrics().registry).decode()
+
+
+def test_the_metrics_say_whether_silero_runs_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = silero_kernel.KERNEL is not None
+    text = generate_latest(GatewayMetrics().registry).decode()
+    assert f"rutster_silero_compiled {1.0 if built else 0.0}" in text
+    monkeypatch.setattr(silero_kernel, "KERNEL", None)  # not built, or no AVX2/FMA
+    assert "rutster_silero_compiled 0.0" in generate_latest(GatewayMetrics().registry).decode()

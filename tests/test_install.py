@@ -160,8 +160,9 @@ def test_pip_install_adds_only_the_rutster_namespace_and_the_demo_runs_from_it(
 def test_without_a_c_compiler_the_install_still_works_on_the_numpy_kernels(
     tmp_path: Path,
 ) -> None:
-    """The media path's C kernels are an optional extension (setup.py): a machine with no
-    C compiler gets their numpy twins, the same echo verdicts, and a warning at start."""
+    """The media path's C kernels are optional extensions (setup.py): a machine with no
+    C compiler gets their numpy twins, the same echo verdicts, Silero in onnxruntime, and a
+    warning at start."""
     python, _ = _install_fresh(tmp_path, {"CC": "/bin/false"})
     probe = _python(
         python,
@@ -171,10 +172,12 @@ def test_without_a_c_compiler_the_install_still_works_on_the_numpy_kernels(
         "logging.basicConfig(); "
         "print(c.KERNELS is None, k.prove_lags is k.prove_lags_numpy); "
         "g = EchoGate(); g.render(bytes(range(256)) + bytes(64), 0.0); "
-        "print(g.capture(bytes(320), 200.0).near_end); log_compiled_kernels()",
+        "print(g.capture(bytes(320), 200.0).near_end); log_compiled_kernels(); "
+        "import rutster.media.silero_kernel as s, rutster.media.vad as v; "
+        "print(s.KERNEL is None, v.make_detector('silero').engine)",
         tmp_path,
     )
-    assert probe.stdout.splitlines() == ["True True", "False"], probe.stdout
+    assert probe.stdout.splitlines() == ["True True", "False", "True onnxruntime"], probe.stdout
     assert "compiled kernels were not built" in probe.stderr, probe.stderr
 
 
