@@ -24,7 +24,7 @@ from starlette.routing import Route
 from rutster.gateway.api.api_keys import AdminKey, ApiKeyStore
 from rutster.gateway.api.rate_limit import RateLimiter
 from rutster.gateway.api.routes import api_routes, hang_up_local_call, unrouted
-from rutster.gateway.config import GatewayConfig
+from rutster.gateway.config import GatewayConfig, silero_engine
 from rutster.gateway.control_channel import (
     OPERATION_HANGUP,
     ControlChannel,
@@ -213,6 +213,7 @@ def create_app(
     """Build the gateway app (config from the environment unless given) serving
     ``providers`` (default: every provider of ``gateway/providers/__init__.py``)."""
     state = GatewayState(config=config or GatewayConfig.from_env())
+    state.metrics.silero_compiled.set(silero_engine(state.config) == "compiled")
     if providers is not None:
         state.providers = providers
     state.overload_guard = OverloadGuard(
@@ -236,7 +237,7 @@ def create_app(
         # the event loop ~20 ms with 75 calls up, late enough to starve playout.
         config = state.config
         # Load the VAD model now, not inside the first call (~50 ms + the import).
-        await asyncio.to_thread(preload, config.vad)
+        await asyncio.to_thread(preload, config.vad, config.silero_engine)
         for provider in state.providers:
             await provider.startup(state)
         utf8_filter = InvalidUtf8LogFilter(state.metrics.bad_messages)

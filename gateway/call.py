@@ -193,7 +193,7 @@ class Call:
         #: The call's media, sans-I/O: this class only carries out what it returns.
         self.engine = MediaEngine(
             started.media_format,
-            detector=make_detector(config.vad),
+            detector=make_detector(config.vad, config.silero_engine),
             echo=EchoGate(EchoGateConfig(canceller=config.echo_canceller)),
             publish=self.bus.publish,
             speech_threshold=SPEECH_THRESHOLD,

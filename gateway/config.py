@@ -40,10 +40,16 @@ from rutster.gateway.tool_registry import (
     ToolLimits,
 )
 from rutster.gateway.transfer_allowlist import TransferAllowlist
+from rutster.media import silero_kernel
 from rutster.media.endpointing import MIN_SPEECH_MS, TRAILING_SILENCE_MS
 from rutster.media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
 from rutster.media.playout import DEFAULT_MAX_MS
-from rutster.media.vad import DEFAULT_DETECTOR, DETECTOR_NAMES
+from rutster.media.vad import (
+    DEFAULT_DETECTOR,
+    DEFAULT_SILERO_ENGINE,
+    DETECTOR_NAMES,
+    SILERO_ENGINES,
+)
 from rutster.trunk.twilio.call_control import ACCOUNT_SID_PATTERN, TWILIO_API_BASE_URL
 
 #: Where the gateway is reached from the internet when nothing is configured: the
@@ -135,6 +141,9 @@ class GatewayConfig:
     tool_limits: ToolLimits = field(default_factory=ToolLimits)
     reflex: ReflexConfig = field(default_factory=ReflexConfig)
     vad: str = DEFAULT_DETECTOR
+    #: How Silero runs (``RUTSTER_SILERO_ENGINE``): None for the default, the compiled
+    #: kernel where it was built (media/vad.py DEFAULT_SILERO_ENGINE).
+    silero_engine: str | None = None
     echo_canceller: bool = False
     #: The spend gate, REST API and Redis settings (gateway/spend_settings.py).
     spend: SpendSettings = field(default_factory=SpendSettings)
@@ -230,6 +239,18 @@ class GatewayConfig:
             raise ConfigError(
                 f"RUTSTER_VAD must be one of {', '.join(DETECTOR_NAMES)}, got {vad!r}"
             )
+        silero_engine = env.get("RUTSTER_SILERO_ENGINE", "").strip() or None
+        if silero_engine is not None and silero_engine not in SILERO_ENGINES:
+            raise ConfigError(
+                f"RUTSTER_SILERO_ENGINE must be one of {', '.join(SILERO_ENGINES)}, "
+                f"got {silero_engine!r}"
+            )
+        if silero_engine == "compiled" and silero_kernel.KERNEL is None:
+            raise ConfigError(
+                "RUTSTER_SILERO_ENGINE=compiled, but the compiled Silero kernel was not built "
+                "here (no C compiler at install) or this CPU lacks AVX2 and FMA; leave it "
+                "unset to run Silero in onnxruntime"
+            )
         echo_canceller = env_bool(env, "RUTSTER_ECHO_CANCELLER", False)
         if echo_canceller and importlib.util.find_spec("pywebrtc_audio") is None:
             raise ConfigError(
@@ -297,5 +318,11 @@ class GatewayConfig:
             tool_limits=tool_limits,
             reflex=_reflex_config(env),
             vad=vad,
+            silero_engine=silero_engine,
             echo_canceller=echo_canceller,
         )
+
+
+def silero_engine(config: GatewayConfig) -> str:
+    """The engine Silero runs in under ``config`` (its own, else the process default)."""
+    return config.silero_engine or DEFAULT_SILERO_ENGINE

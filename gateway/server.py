@@ -156,13 +156,17 @@ def limit_numeric_threads() -> None:
         log.info("numeric thread pools limited to %d (were: %s)", NUMERIC_THREADS, pools)
 
 
-def log_compiled_kernels() -> None:
+def log_compiled_kernels(silero_engine: str | None = None) -> None:
     """Say whether the media path runs its compiled kernels (media/compiled.py).
 
     Without them (the package was built where no C compiler was found) the echo gate's
-    verdicts are the same, the resampler's output within one PCM step, and each call
-    costs more CPU: a warning, so that an operator sizing a node knows.
+    verdicts are the same, the resampler's output within one PCM step, Silero's
+    probabilities within ~1e-6, and each call costs more CPU: a warning, so that an
+    operator sizing a node knows. ``silero_engine`` is the one the config asks for
+    (``RUTSTER_SILERO_ENGINE``; None: the default).
     """
+    if silero_engine == "onnxruntime" and silero_kernel.KERNEL is not None:
+        log.info("Silero VAD: onnxruntime, as RUTSTER_SILERO_ENGINE asks (its kernel is built)")
     if compiled.KERNELS is not None and silero_kernel.KERNEL is not None:
         log.info("media kernels: %s", compiled.describe())
     elif compiled.KERNELS is not None:

@@ -619,18 +619,29 @@ DETECTOR_NAMES: Final = tuple(_FACTORIES)
 DEFAULT_DETECTOR = "cascade"
 
 
-def make_detector(name: str = DEFAULT_DETECTOR) -> SpeechDetector:
+def make_detector(name: str = DEFAULT_DETECTOR, silero_engine: str | None = None) -> SpeechDetector:
     """A new detector (one per call) by name, one of :data:`DETECTOR_NAMES`.
 
-    Raises ``ValueError`` for an unknown name, and
-    :class:`ModelUnavailableError` if a neural one's model cannot be loaded.
+    ``silero_engine`` (one of :data:`SILERO_ENGINES`; None for
+    :data:`DEFAULT_SILERO_ENGINE`) runs Silero where the detector has it
+    (``silero`` and ``cascade``). Raises ``ValueError`` for an unknown name or
+    engine, and :class:`ModelUnavailableError` if a neural one's model cannot
+    be loaded (or the compiled engine, asked for by name, is not available).
     """
+    if name == "silero":
+        return SileroDetector(silero_engine)
+    if name == "cascade":
+        return CascadeDetector(confirm=SileroDetector(silero_engine))
+    if silero_engine is not None and silero_engine not in SILERO_ENGINES:
+        raise ValueError(
+            f"unknown Silero engine {silero_engine!r}; valid engines: {', '.join(SILERO_ENGINES)}"
+        )
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ValueError(f"unknown VAD {name!r}; valid names: {', '.join(DETECTOR_NAMES)}")
     return factory()
 
 
-def preload(name: str = DEFAULT_DETECTOR) -> None:
+def preload(name: str = DEFAULT_DETECTOR, silero_engine: str | None = None) -> None:
     """Load now what ``name`` shares process-wide (the Silero model, ~50 ms), not in a call."""
-    make_detector(name)
+    make_detector(name, silero_engine)

@@ -15,9 +15,11 @@ from rutster.gateway.config import (
     DEFAULT_TAP_URL,
     GENERATED_SECRET_BYTES,
     GatewayConfig,
+    silero_engine,
 )
 from rutster.gateway.media_engine import DEFAULT_MARK_EVERY_FRAMES
 from rutster.gateway.reflex import PauseOn
+from rutster.media import silero_kernel, vad
 from rutster.media.pacer import DEFAULT_LEAD_MS, DEFAULT_START_MS
 from rutster.media.playout import DEFAULT_MAX_MS
 from rutster.tools.twilio_simulator import TwilioSimulator, new_sid, parse_connect_stream
@@ -433,6 +435,24 @@ def test_reflex_knobs_from_the_environment() -> None:
 def test_reflex_knob_errors_are_clear(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         GatewayConfig.from_env(env)
+
+
+def test_the_silero_engine_is_chosen_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert GatewayConfig.from_env({}).silero_engine is None
+    assert silero_engine(GatewayConfig.from_env({})) == vad.DEFAULT_SILERO_ENGINE
+    forced = GatewayConfig.from_env({"RUTSTER_SILERO_ENGINE": "onnxruntime"})
+    assert silero_engine(forced) == "onnxruntime"
+    assert vad.make_detector("silero", forced.silero_engine).engine == "onnxruntime"  # type: ignore[attr-defined]
+    with pytest.raises(
+        ConfigError, match="RUTSTER_SILERO_ENGINE must be one of compiled, onnxruntime"
+    ):
+        GatewayConfig.from_env({"RUTSTER_SILERO_ENGINE": "torch"})
+    # Asked for where it cannot run: refused at start, not a silent fallback.
+    monkeypatch.setattr(silero_kernel, "KERNEL", None)
+    with pytest.raises(ConfigError, match="the compiled Silero kernel was not built here"):
+        GatewayConfig.from_env({"RUTSTER_SILERO_ENGINE": "compiled"})
 
 
 # ---- spend and API settings (gateway/spend_settings.py) -------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
+from rutster.gateway.app import create_app
+from rutster.gateway.config import GatewayConfig
 from rutster.gateway.event_bus import CallEvent
 from rutster.gateway.metrics import OTHER_TOOL_LABEL, GatewayMetrics
 from rutster.media import compiled, silero_kernel
@@ -50,3 +52,15 @@ def test_the_metrics_say_whether_silero_runs_compiled(monkeypatch: pytest.Monkey
     assert f"rutster_silero_compiled {1.0 if built else 0.0}" in text
     monkeypatch.setattr(silero_kernel, "KERNEL", None)  # not built, or no AVX2/FMA
     assert "rutster_silero_compiled 0.0" in generate_latest(GatewayMetrics().registry).decode()
+
+
+def test_the_silero_metric_follows_the_configured_engine() -> None:
+    forced = create_app(GatewayConfig.from_env({"RUTSTER_SILERO_ENGINE": "onnxruntime"}))
+    sample = forced.state.gateway.metrics.registry.get_sample_value
+    assert sample("rutster_silero_compiled") == 0.0
+    default = create_app(GatewayConfig.from_env({}))
+    expected = 1.0 if silero_kernel.KERNEL is not None else 0.0
+    assert (
+        default.state.gateway.metrics.registry.get_sample_value("rutster_silero_compiled")
+        == expected
+    )

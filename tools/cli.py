@@ -97,7 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     raise_open_file_limit()
     limit_numeric_threads()
-    log_compiled_kernels()
+    log_compiled_kernels(config.silero_engine)
     # The gateway's own logger: the line reports the gateway process, whichever command
     # started it.
     logging.getLogger("rutster.gateway.server").info(
