@@ -50,11 +50,11 @@ from bench.vs_pipecat import (
     WITHOUT_PART_LABELS,
     WITHOUT_PARTS,
     core_kept_awake,
+    gateway_kernels,
     run_level,
     rutster_server,
     without_env,
 )
-from rutster.media import compiled
 from rutster.tools.twilio_simulator import read_wav_8k
 
 #: The parts a sample is charged to, innermost first: the first name found walking the
@@ -164,7 +164,7 @@ async def profile(
         raise SystemExit("py-spy took no samples (may it trace this process?)")
     cut = "" if without is None else f", its {WITHOUT_PART_LABELS[without]} cut out"
     print(
-        f"rutster serve (media kernels: {compiled.describe()}{cut}) on core {server_core} "
+        f"rutster serve (media kernels: {gateway_kernels()}{cut}) on core {server_core} "
         f"with {calls} echo calls ({row.carried}/{calls} "
         f"carried{'' if nonblocking else ' while the profiler paused it'}), the gateway at "
         f"{row.cpu_pct:.0f} % of its core ({row.cpu_pct / calls:.2f} % a call); {total} stack "
@@ -239,7 +239,7 @@ async def time_parts(calls: int, seconds: float, awake: bool = False) -> None:
     if not frames or gateway_ns <= 0:
         raise SystemExit("no caller frames timed: did the gateway load the timers?")
     print(
-        f"rutster serve (media kernels: {compiled.describe()}) on core {server_core}"
+        f"rutster serve (media kernels: {gateway_kernels()}) on core {server_core}"
         f"{' (kept awake)' if awake else ''} with {calls} "
         f"echo calls ({row.carried}/{calls} carried), timed for {seconds:.0f} s: {frames} "
         "caller frames, the gateway's CPU "

@@ -263,6 +263,11 @@ def pipecat_server(venv: Path) -> Iterator[tuple[str, psutil.Process]]:
             proc.wait()
 
 
+def gateway_kernels() -> str:
+    """The media kernels the gateway started here runs (it inherits RUTSTER_SILERO_ENGINE)."""
+    return compiled.describe(os.environ.get("RUTSTER_SILERO_ENGINE") or None)
+
+
 @contextlib.contextmanager
 def rutster_gateway(
     token: str, load_cores: list[int], overrides: dict[str, str] | None = None
@@ -447,7 +452,7 @@ async def bench(
         f"server on core {server_core}, load generator (and rutster's echo brain) on "
         f"{load_cores}; {seconds:.0f} s of recorded speech per call, {START_RATE_PER_S:.0f} "
         "calls started a second; a fresh server for each level; rutster's media kernels: "
-        f"{compiled.describe()}"
+        f"{gateway_kernels()}"
     )
     if awake:
         print(

@@ -165,15 +165,15 @@ def log_compiled_kernels(silero_engine: str | None = None) -> None:
     operator sizing a node knows. ``silero_engine`` is the one the config asks for
     (``RUTSTER_SILERO_ENGINE``; None: the default).
     """
-    if silero_engine == "onnxruntime" and silero_kernel.KERNEL is not None:
-        log.info("Silero VAD: onnxruntime, as RUTSTER_SILERO_ENGINE asks (its kernel is built)")
-    if compiled.KERNELS is not None and silero_kernel.KERNEL is not None:
-        log.info("media kernels: %s", compiled.describe())
+    if compiled.KERNELS is not None and (
+        silero_kernel.KERNEL is not None or silero_engine == "onnxruntime"
+    ):
+        log.info("media kernels: %s", compiled.describe(silero_engine))
     elif compiled.KERNELS is not None:
         log.warning(
             "media kernels: %s: Silero's probabilities the same within ~1e-6, ~50 µs "
             "more CPU a model window while a caller talks",
-            compiled.describe(),
+            compiled.describe(silero_engine),
         )
     else:
         log.warning(

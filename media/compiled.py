@@ -28,16 +28,21 @@ def _load() -> ModuleType | None:
 KERNELS = _load()
 
 
-def describe() -> str:
-    """Which kernels run, for logs and benchmark headers (a figure says what build made it)."""
+def describe(silero_engine: str | None = None) -> str:
+    """Which kernels run, for logs and benchmark headers (a figure says what build made it).
+
+    ``silero_engine``: the engine a configuration asks Silero to run in (None: the
+    default, the compiled kernel wherever it was built).
+    """
     kernels = (
         "numpy twins (the C kernels were not built)"
         if KERNELS is None
         else "compiled (media/_kernels.c)"
     )
-    silero = (
-        "onnxruntime (its kernel was not built or this CPU lacks AVX2 and FMA)"
-        if silero_kernel.KERNEL is None
-        else "compiled (media/_silero.c)"
-    )
+    if silero_engine == "onnxruntime":
+        silero = "onnxruntime (RUTSTER_SILERO_ENGINE)"
+    elif silero_kernel.KERNEL is None:
+        silero = "onnxruntime (its kernel was not built or this CPU lacks AVX2 and FMA)"
+    else:
+        silero = "compiled (media/_silero.c)"
     return f"{kernels}; Silero VAD: {silero}"
