@@ -13,9 +13,10 @@ after each of two kinds of gap, and again straight after (the same work, warm):
 
 The two parts:
 
-- *Silero window*: one inference of the shipped VAD session (``media/vad.py``
-  ``SileroDetector``, io-bound arrays, its recurrent state carried), 32 ms of recorded
-  speech;
+- *Silero window*: one inference of the shipped VAD (``media/vad.py``
+  ``SileroDetector`` on its default engine, its recurrent state carried), 32 ms of
+  recorded speech; and, where that engine is the compiled kernel, *Silero ORT*: the same
+  in onnxruntime (io-bound arrays), side by side;
 - *coherence test*: the echo gate's waveform test (``media/line_echo.py``
   ``normalised_xcorr_peak`` on the gate's sizes: two 20 ms frames heard against the render of
   the whole lag range), on the same speech.
@@ -42,7 +43,7 @@ from rutster.gateway.server import limit_numeric_threads
 from rutster.media.echo_gate import DELAY_SPREAD_MS, MAX_DELAY_MS, MIN_DELAY_MS
 from rutster.media.formats import FRAME_MS, NARROWBAND_FRAME_SAMPLES
 from rutster.media.line_echo import normalised_xcorr_peak
-from rutster.media.vad import SileroDetector
+from rutster.media.vad import DEFAULT_SILERO_ENGINE, SileroDetector
 from rutster.tools.twilio_simulator import read_wav_8k
 
 #: Idle gaps timed (ms): none, then what a core sees between calls' messages at 40 down
@@ -57,9 +58,10 @@ WARM_FOLLOWERS = 3
 ROUNDS = 300
 
 
-def silero_op(speech: np.ndarray) -> Callable[[], None]:
-    """One Silero window per call, walking through ``speech`` (frames of 8 kHz PCM16)."""
-    detector = SileroDetector()
+def silero_op(speech: np.ndarray, engine: str | None = None) -> Callable[[], None]:
+    """One Silero window per call, walking through ``speech`` (frames of 8 kHz PCM16), in
+    ``engine`` (None: the default, media/vad.py DEFAULT_SILERO_ENGINE)."""
+    detector = SileroDetector(engine)
     frame_bytes = NARROWBAND_FRAME_SAMPLES * 2
     pcm = speech.astype("<i2").tobytes()
     frames = [pcm[i : i + frame_bytes] for i in range(0, len(pcm) - frame_bytes, frame_bytes)]
@@ -152,12 +154,16 @@ def main() -> None:
     core = sorted(os.sched_getaffinity(0))[0]
     os.sched_setaffinity(0, {core})
     speech = np.frombuffer(read_wav_8k(SPEECH_WAV), dtype="<i2").astype(np.float64)
-    ops = {"Silero window": silero_op(speech), "coherence test": coherence_op(speech)}
+    ops = {"Silero window": silero_op(speech)}
+    if DEFAULT_SILERO_ENGINE != "onnxruntime":
+        ops["Silero ORT"] = silero_op(speech, "onnxruntime")
+    ops["coherence test"] = coherence_op(speech)
     gaps = {f"idle {ms:.1f} ms": sleep_gap(ms) for ms in GAPS_MS}
     gaps |= {f"{n} messages' work": message_work(speech, n) for n in MESSAGES_BETWEEN}
     print(
         f"one core ({core}); per gap, {args.rounds} rounds; median µs of the first operation "
-        f"after the gap, and of the {WARM_FOLLOWERS} straight after it"
+        f"after the gap, and of the {WARM_FOLLOWERS} straight after it; Silero window: "
+        f"{DEFAULT_SILERO_ENGINE}"
     )
     print(f"{'operation':<16}{'gap':>22}{'after gap':>11}{'warm':>8}{'ratio':>8}")
     for name, op in ops.items():
