@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import wave
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from rutster.media import silero_kernel, vad
 from rutster.media.formats import NARROWBAND_FRAME_BYTES
@@ -140,3 +142,61 @@ def test_packing_lays_each_matrix_out_in_blocks_of_eight_outputs() -> None:
             assert blocked[o // 8, k, o % 8] == matrix[o, k]
     padded = silero_kernel._blocked(matrix[:13], rows=16).reshape(2, 3, 8)
     assert not padded[1, :, 5:].any()
+
+
+# ---- the weight reader (silero_kernel.float_initializers) -------------------------------
+
+
+def test_the_weight_reader_reads_every_float_tensor_as_onnx_does() -> None:
+    model = vad._silero_model()
+    expected = {
+        init.name: numpy_helper.to_array(init)
+        for init in onnx.load_from_string(model).graph.initializer
+        if init.data_type == TensorProto.FLOAT
+    }
+    got = silero_kernel.float_initializers(model)
+    assert set(got) == set(expected)
+    assert len([n for n in got if n.startswith(silero_kernel.BRANCH_PREFIX)]) == 15
+    for name, array in expected.items():
+        assert got[name].dtype == np.float32
+        np.testing.assert_array_equal(got[name], array, err_msg=name)
+
+
+def test_the_weight_reader_refuses_a_malformed_model_with_a_clear_error() -> None:
+    weights = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    model = _model(weights)
+    assert silero_kernel.float_initializers(model, silero_kernel.BRANCH_PREFIX)[
+        "model_8k.w"
+    ].shape == (2, 3)
+    with pytest.raises(ValueError, match="truncated or malformed"):
+        silero_kernel.float_initializers(model[:-3])
+    with pytest.raises(ValueError, match="wire type 3"):
+        silero_kernel.float_initializers(bytes([(7 << 3) | 3]))
+    # Raw data that does not fill the dims.
+    short = TensorProto(
+        name="model_8k.w", data_type=TensorProto.FLOAT, dims=[2, 3], raw_data=bytes(20)
+    )
+    graph = helper.make_graph([], "g", [], [], [short])
+    with pytest.raises(ValueError, match="holds 20 bytes for dims \\[2, 3\\]"):
+        silero_kernel.float_initializers(helper.make_model(graph).SerializeToString())
+    # Kept in an external file: not read.
+    external = helper.make_tensor("model_8k.w", TensorProto.FLOAT, (1,), [1.0])
+    external.data_location = TensorProto.EXTERNAL
+    graph = helper.make_graph([], "g", [], [], [external])
+    with pytest.raises(ValueError, match="external file"):
+        silero_kernel.float_initializers(helper.make_model(graph).SerializeToString())
+
+
+def test_the_weight_reader_survives_random_bytes() -> None:
+    rng = np.random.default_rng(11)
+    model = vad._silero_model()
+    for _ in range(300):
+        if rng.random() < 0.5:
+            data = rng.bytes(int(rng.integers(0, 400)))
+        else:  # the real model with a few bytes flipped
+            flipped = bytearray(model[:20_000])
+            for at in rng.integers(0, len(flipped), 5):
+                flipped[at] = int(rng.integers(0, 256))
+            data = bytes(flipped)
+        with contextlib.suppress(ValueError):  # a clear error, or tensors: nothing else
+            silero_kernel.float_initializers(data)
