@@ -7,7 +7,9 @@ heard is what it said, a round trip later. Judged window by window
 - every window with speech correlates at least :data:`MIN_WINDOW_CORRELATION`,
   except a lone window where the delay stepped and was won back: the windows
   either side of it are good (a stall may move the delay mid-window, and a
-  window holding two delays correlates less; :func:`transient_steps_only`);
+  window holding two delays correlates less; :func:`transient_steps_only`), or,
+  right after windows not judged for a simulator stall, the one good beside it
+  (where the pacer won back what the stall added);
 - the delay at the end is within :data:`MAX_LASTING_STEP_SAMPLES` of the
   delay at the start: a stall may cost a short gap, never a latency step for
   the rest of the call (``media/pacer.py`` wins it back);
@@ -46,19 +48,31 @@ STALL_GAP_MARGIN_MS = 100.0
 
 
 def transient_steps_only(
-    windows: list[tuple[float, int]], max_step: int, label: str = ""
+    windows: list[tuple[float, int]],
+    max_step: int,
+    label: str = "",
+    after_stall: list[bool] | None = None,
 ) -> str | None:
     """None when ``windows`` ((correlation, lag) in call order) show an intact echo.
 
     Each window correlates at least :data:`MIN_WINDOW_CORRELATION`, but for
     lone spoiled windows between good ones; the last good window's lag is within
-    ``max_step`` of the first's. Otherwise, what is wrong.
+    ``max_step`` of the first's. A window marked in ``after_stall`` (it follows
+    windows not judged because the simulator stalled) may be spoiled at either end
+    too, when its one neighbour is good: the delay the stall added is won back in
+    it, as a lone window between good ones may hold a step. Otherwise, what is wrong.
     """
     good = [c >= MIN_WINDOW_CORRELATION for c, _ in windows]
-    if not good or not good[0] or not good[-1]:
+    forgiven = after_stall if after_stall is not None else [False] * len(windows)
+    if not good:
         return f"{label}the first and last windows must be echoed whole"
+    for end, neighbour in ((0, 1), (len(good) - 1, len(good) - 2)):
+        if not good[end] and not (forgiven[end] and 0 <= neighbour < len(good) and good[neighbour]):
+            return f"{label}the first and last windows must be echoed whole"
     for i, ok in enumerate(good):
-        if not ok and not (good[i - 1] and good[i + 1]):
+        if ok or i in (0, len(good) - 1):
+            continue
+        if not (good[i - 1] and good[i + 1]):
             return f"{label}two windows in a row not echoed whole (from window {i})"
     lags = [lag for (_, lag), ok in zip(windows, good, strict=True) if ok]
     if abs(lags[-1] - lags[0]) > max_step:
@@ -108,8 +122,14 @@ def judge_echo(
     step = good[-1] - good[0] if good else 0
     correlations = tuple(w.correlation for w in judged)
     harness_delay = round(sum(ms for _, ms in result.harness_stalls) * 8)
+    stalled_before = [False] + [w.harness_stalled for w in windows[:-1]]
+    after_stall = [
+        before for w, before in zip(windows, stalled_before, strict=True) if not w.harness_stalled
+    ]
     problem = transient_steps_only(
-        [(w.correlation, w.lag_samples) for w in judged], MAX_LASTING_STEP_SAMPLES + harness_delay
+        [(w.correlation, w.lag_samples) for w in judged],
+        MAX_LASTING_STEP_SAMPLES + harness_delay,
+        after_stall=after_stall,
     )
     if problem is not None:
         problem = f"{problem}: {detail}"
