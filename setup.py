@@ -12,8 +12,9 @@ setup(
         Extension(
             "rutster.media._kernels",
             sources=["media/_kernels.c"],
-            # No fused multiply-adds: a*b+c rounded once would part from numpy's two
-            # roundings, and the echo gate's kernels must give numpy's results bit for bit.
+            # No fused multiply-adds: a*b+c rounded once would part from two roundings,
+            # and the echo gate's own kernels must give numpy's results bit for bit, the
+            # line canceller's step plain index-order arithmetic's on every CPU.
             extra_compile_args=["-ffp-contract=off"],
             optional=True,
         ),

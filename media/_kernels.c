@@ -1,13 +1,17 @@
 /* Compiled per-frame kernels of the media path: the echo gate's (media/echo_gate.py,
- * chosen in media/echo_kernels.py) and the polyphase resampler's (media/polyphase.py).
+ * chosen in media/echo_kernels.py), the line echo canceller's (media/line_echo.py) and
+ * the polyphase resampler's (media/polyphase.py).
  *
  * Why by hand: each call's media runs a few dozen numpy operations per 20 ms frame on
  * small arrays, and numpy's cost per call (~1-4 us, more inside a loaded gateway) is
  * most of it; no library offers these loops. The echo gate's kernels are the exact
  * loops of the numpy code they replace (same operations in the same order on IEEE
  * doubles, so the same results); the resampler's sums in double where numpy summed in
- * float32 (its output within one PCM step of numpy's). Where this module is not built
- * the numpy code runs instead. Plain C on the buffer protocol: no numpy headers,
+ * float32 (its output within one PCM step of numpy's); the line canceller's step sums
+ * in index order where numpy's dot products sum in the order of the BLAS kernel picked
+ * for the CPU (so within ~1e-11 relative of numpy's, as numpy on one CPU is of numpy on
+ * another; its solve stays numpy's). Where this module is not built the numpy code runs
+ * instead. Plain C on the buffer protocol: no numpy headers,
  * nothing to build but a C compiler.
  */
 #define PY_SSIZE_T_CLEAN
@@ -414,12 +418,215 @@ polyphase_pcm16(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* ---- the line echo canceller's step (media/line_echo.py) ------------------------------
+ *
+ * Every sum runs in index order, one multiply and one add (each rounded) per term, as
+ * the plain loop of the tails below; vector lanes hold independent sums (four outputs,
+ * or four lags), so the vector code gives the tails' results bit for bit and none of
+ * this depends on the CPU (numpy's dot products, which this replaces, sum in whichever
+ * order the BLAS kernel chosen for the CPU at run time uses). */
+
+typedef double v4d __attribute__((vector_size(32)));
+
+#if defined(__GNUC__) && !defined(__clang__)
+/* GCC warns that returning a 256-bit vector without AVX changes the ABI; these helpers
+ * are always inlined, so no call ever passes one. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+static inline __attribute__((always_inline)) v4d
+load4(const double *src)
+{
+    v4d v;
+    memcpy(&v, src, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void
+lec_step_body(const double *seg, const double *w, const double *x, double *r, double *p,
+              double forget, double *residual, Py_ssize_t taps, Py_ssize_t n,
+              double energies[3])
+{
+    double x_energy = 0.0, residual_energy = 0.0, echo_energy = 0.0;
+    double echoes[8];
+    Py_ssize_t i = 0;
+    /* np.convolve(seg, w, "valid")[i] = sum over j of seg[i + j] * w[taps - 1 - j];
+     * eight outputs a pass, two vectors of four. */
+    for (; i + 8 <= n; i += 8) {
+        v4d e0 = {0.0, 0.0, 0.0, 0.0}, e1 = {0.0, 0.0, 0.0, 0.0};
+        for (Py_ssize_t j = 0; j < taps; j++) {
+            double c = w[taps - 1 - j];
+            v4d cv = {c, c, c, c};
+            v4d t0 = load4(seg + i + j) * cv;
+            v4d t1 = load4(seg + i + j + 4) * cv;
+            e0 = e0 + t0;
+            e1 = e1 + t1;
+        }
+        memcpy(echoes, &e0, sizeof e0);
+        memcpy(echoes + 4, &e1, sizeof e1);
+        for (int m = 0; m < 8; m++) {
+            double left = x[i + m] - echoes[m];
+            residual[i + m] = left;
+            double xx = x[i + m] * x[i + m], rr = left * left, ee = echoes[m] * echoes[m];
+            x_energy += xx;
+            residual_energy += rr;
+            echo_energy += ee;
+        }
+    }
+    for (; i < n; i++) {
+        double echo = 0.0;
+        for (Py_ssize_t j = 0; j < taps; j++) {
+            double term = seg[i + j] * w[taps - 1 - j];
+            echo += term;
+        }
+        double left = x[i] - echo;
+        residual[i] = left;
+        double xx = x[i] * x[i], rr = left * left, ee = echo * echo;
+        x_energy += xx;
+        residual_energy += rr;
+        echo_energy += ee;
+    }
+    /* Lag k reads the render k samples earlier: r[k] pairs seg[taps - 1 - k + m] with
+     * seg[taps - 1 + m], p[k] with x[m]. Four lags a pass: lane 3 - l holds lag k + l. */
+    const double *now = seg + (taps - 1);
+    Py_ssize_t k = 0;
+    for (; k + 4 <= taps; k += 4) {
+        v4d rv = {0.0, 0.0, 0.0, 0.0}, pv = {0.0, 0.0, 0.0, 0.0};
+        const double *early = now - k - 3;
+        for (Py_ssize_t m = 0; m < n; m++) {
+            v4d a = load4(early + m);
+            v4d v = {now[m], now[m], now[m], now[m]};
+            v4d xm = {x[m], x[m], x[m], x[m]};
+            v4d q = a * v;
+            v4d b = a * xm;
+            rv = rv + q;
+            pv = pv + b;
+        }
+        double rs[4], ps[4];
+        memcpy(rs, &rv, sizeof rv);
+        memcpy(ps, &pv, sizeof pv);
+        for (int l = 0; l < 4; l++) {
+            double aged_r = r[k + l] * forget, aged_p = p[k + l] * forget;
+            r[k + l] = aged_r + rs[3 - l];
+            p[k + l] = aged_p + ps[3 - l];
+        }
+    }
+    for (; k < taps; k++) {
+        const double *early = now - k;
+        double rk = 0.0, pk = 0.0;
+        for (Py_ssize_t m = 0; m < n; m++) {
+            double a = early[m] * now[m], b = early[m] * x[m];
+            rk += a;
+            pk += b;
+        }
+        double aged_r = r[k] * forget, aged_p = p[k] * forget;
+        r[k] = aged_r + rk;
+        p[k] = aged_p + pk;
+    }
+    energies[0] = x_energy;
+    energies[1] = residual_energy;
+    energies[2] = echo_energy;
+}
+
+static void
+lec_step_plain(const double *seg, const double *w, const double *x, double *r, double *p,
+               double forget, double *residual, Py_ssize_t taps, Py_ssize_t n,
+               double energies[3])
+{
+    lec_step_body(seg, w, x, r, p, forget, residual, taps, n, energies);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* The same code on 256-bit vectors where the CPU has AVX2 (without FMA: each product
+ * is rounded before it is added, as in the plain code). */
+__attribute__((target("avx2"))) static void
+lec_step_avx2(const double *seg, const double *w, const double *x, double *r, double *p,
+              double forget, double *residual, Py_ssize_t taps, Py_ssize_t n,
+              double energies[3])
+{
+    lec_step_body(seg, w, x, r, p, forget, residual, taps, n, energies);
+}
+#endif
+
+static void
+lec_step(const double *seg, const double *w, const double *x, double *r, double *p,
+         double forget, double *residual, Py_ssize_t taps, Py_ssize_t n, double energies[3])
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (__builtin_cpu_supports("avx2")) {
+        lec_step_avx2(seg, w, x, r, p, forget, residual, taps, n, energies);
+        return;
+    }
+#endif
+    lec_step_plain(seg, w, x, r, p, forget, residual, taps, n, energies);
+}
+
+PyDoc_STRVAR(lec_frame_doc,
+"lec_frame(seg, w, x, r, p, forget, residual) -> (x_energy, residual_energy, echo_energy)\n\n"
+"media/line_echo.py LineEchoCanceller.capture's filter step: the echo estimate (``w``\n"
+"convolved with the render ``seg``, len(x) + len(w) - 1 samples), ``residual = x -\n"
+"echo`` (written), and ``r`` and ``p`` (the normal equations' correlations) aged by\n"
+"``forget`` and updated in place; returns the three frames' energies. Every sum runs\n"
+"in index order, so the results are the same on every CPU; numpy's correlations and\n"
+"energies are BLAS dot products, summed in the order of the CPU's BLAS kernel (within\n"
+"~1e-11 relative of these).");
+
+static PyObject *
+lec_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "lec_frame takes 7 arguments, got %zd", nargs);
+        return NULL;
+    }
+    double forget;
+    if (get_double(args[5], &forget) < 0) {
+        return NULL;
+    }
+    Py_buffer views[6];
+    const char *names[6] = {"seg", "w", "x", "r", "p", "residual"};
+    const int writable[6] = {0, 0, 0, 1, 1, 1};
+    const int slots[6] = {0, 1, 2, 3, 4, 6};
+    int got = 0;
+    for (; got < 6; got++) {
+        if (get_doubles(args[slots[got]], &views[got], writable[got], names[got]) < 0) {
+            break;
+        }
+    }
+    PyObject *result = NULL;
+    if (got == 6) {
+        const double *seg = (const double *)views[0].buf;
+        const double *w = (const double *)views[1].buf;
+        const double *x = (const double *)views[2].buf;
+        double *r = (double *)views[3].buf;
+        double *p = (double *)views[4].buf;
+        double *residual = (double *)views[5].buf;
+        Py_ssize_t taps = views[1].shape[0], n = views[2].shape[0];
+        if (taps < 1 || views[0].shape[0] != n + taps - 1 || views[3].shape[0] != taps ||
+            views[4].shape[0] != taps || views[5].shape[0] != n) {
+            PyErr_SetString(PyExc_ValueError,
+                            "need len(seg) == len(x) + len(w) - 1, len(r) == len(p) == "
+                            "len(w) >= 1 and len(residual) == len(x)");
+        }
+        else {
+            double energies[3];
+            lec_step(seg, w, x, r, p, forget, residual, taps, n, energies);
+            result = Py_BuildValue("(ddd)", energies[0], energies[1], energies[2]);
+        }
+    }
+    for (int i = 0; i < got; i++) {
+        PyBuffer_Release(&views[i]);
+    }
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"prove_lags", (PyCFunction)(void (*)(void))prove_lags, METH_FASTCALL, prove_lags_doc},
     {"pre_emphasis", (PyCFunction)(void (*)(void))pre_emphasis, METH_FASTCALL, pre_emphasis_doc},
     {"ncc_peak", (PyCFunction)(void (*)(void))ncc_peak, METH_FASTCALL, ncc_peak_doc},
     {"polyphase_pcm16", (PyCFunction)(void (*)(void))polyphase_pcm16, METH_FASTCALL,
      polyphase_pcm16_doc},
+    {"lec_frame", (PyCFunction)(void (*)(void))lec_frame, METH_FASTCALL, lec_frame_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -40,3 +40,13 @@ def polyphase_pcm16(
     periods: int,
     /,
 ) -> bytes: ...
+def lec_frame(
+    seg: npt.NDArray[np.float64],
+    w: npt.NDArray[np.float64],
+    x: npt.NDArray[np.float64],
+    r: npt.NDArray[np.float64],
+    p: npt.NDArray[np.float64],
+    forget: float,
+    residual: npt.NDArray[np.float64],
+    /,
+) -> tuple[float, float, float]: ...

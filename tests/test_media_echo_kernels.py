@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rutster.media import compiled, echo_kernels
+from rutster.media import compiled, echo_kernels, line_echo
 from rutster.media.echo_gate import EchoVerdict
 from rutster.media.line_echo import normalised_xcorr, normalised_xcorr_peak
 from rutster.media.resample import StreamResampler
@@ -241,6 +241,8 @@ def test_a_call_judged_with_the_c_kernels_is_judged_as_with_numpy(
             monkeypatch.setattr(
                 echo_kernels, name, twin if kernels is None else getattr(kernels, name)
             )
+        # The line canceller's step (lec_frame) or numpy's.
+        monkeypatch.setattr(line_echo, "KERNELS", kernels)
         rig = _call()
         rig.run()
         runs.append((rig.verdicts, rig.clears_ms))
@@ -249,3 +251,117 @@ def test_a_call_judged_with_the_c_kernels_is_judged_as_with_numpy(
     assert any(v.delay_ms is not None for v in c_verdicts)  # the echo was found
     assert c_verdicts == np_verdicts
     assert c_clears == np_clears
+
+
+# ---- the line canceller's kernels (media/line_echo.py) --------------------------------
+
+#: How far the line canceller's step may lie from numpy, relative to the sums' scale:
+#: the C sums in index order, numpy's dot products in its BLAS kernel's order (measured
+#: ~1e-15 of the scale; numpy on this CPU and with OpenBLAS's Haswell kernel differ as much).
+LEC_TOLERANCE = 1e-9
+
+
+def _lec_case(seed: int, taps: int = 64, n: int = 160) -> tuple[npt.NDArray[np.float64], ...]:
+    rng = np.random.default_rng(seed)
+    seg = rng.standard_normal(n + taps - 1) * 3000.0
+    w = rng.standard_normal(taps) * 0.1
+    x = rng.standard_normal(n) * 1000.0 + np.convolve(seg, w, "valid")
+    r = rng.standard_normal(taps) * 1e6
+    p = rng.standard_normal(taps) * 1e6
+    return seg, w, x, r, p
+
+
+@pytest.mark.parametrize(("seed", "taps", "n"), [(1, 64, 160), (2, 64, 160), (3, 5, 7), (4, 1, 3)])
+def test_the_line_cancellers_step_in_c_is_numpy_within_rounding(
+    seed: int, taps: int, n: int
+) -> None:
+    kernels = _compiled()
+    seg, w, x, r, p = _lec_case(seed, taps, n)
+    forget = 0.98
+    r_c, p_c, residual_c = r.copy(), p.copy(), np.empty(n)
+    energies = kernels.lec_frame(seg, w, x, r_c, p_c, forget, residual_c)
+    echo = np.convolve(seg, w, "valid")
+    residual = x - echo
+    r_np = r * forget + np.correlate(seg, seg[taps - 1 :], "valid")[::-1]
+    p_np = p * forget + np.correlate(seg, x, "valid")[::-1]
+    scale = float(np.abs(seg).max()) ** 2 * n
+    np.testing.assert_allclose(residual_c, residual, rtol=0, atol=LEC_TOLERANCE * scale)
+    np.testing.assert_allclose(r_c, r_np, rtol=0, atol=LEC_TOLERANCE * scale)
+    np.testing.assert_allclose(p_c, p_np, rtol=0, atol=LEC_TOLERANCE * scale)
+    expected = (float(x @ x), float(residual @ residual), float(echo @ echo))
+    np.testing.assert_allclose(energies, expected, rtol=LEC_TOLERANCE)
+
+
+def _index_order_step(
+    seg: npt.NDArray[np.float64],
+    w: npt.NDArray[np.float64],
+    x: npt.NDArray[np.float64],
+    r: npt.NDArray[np.float64],
+    p: npt.NDArray[np.float64],
+    forget: float,
+) -> tuple[list[float], list[float], list[float], tuple[float, float, float]]:
+    """The step in plain Python floats: each sum in index order, every product rounded."""
+    taps, n = len(w), len(x)
+    s, c, y = seg.tolist(), w.tolist(), x.tolist()
+    residual: list[float] = []
+    x_energy = residual_energy = echo_energy = 0.0
+    for i in range(n):
+        echo = 0.0
+        for j in range(taps):
+            echo += s[i + j] * c[taps - 1 - j]
+        left = y[i] - echo
+        residual.append(left)
+        x_energy += y[i] * y[i]
+        residual_energy += left * left
+        echo_energy += echo * echo
+    now = taps - 1
+    r_out: list[float] = []
+    p_out: list[float] = []
+    for k in range(taps):
+        rk = pk = 0.0
+        for m in range(n):
+            rk += s[now - k + m] * s[now + m]
+            pk += s[now - k + m] * y[m]
+        r_out.append(float(r[k]) * forget + rk)
+        p_out.append(float(p[k]) * forget + pk)
+    return residual, r_out, p_out, (x_energy, residual_energy, echo_energy)
+
+
+@pytest.mark.parametrize(
+    ("seed", "taps", "n"), [(1, 64, 160), (2, 64, 161), (3, 5, 7), (4, 1, 3), (5, 9, 13), (6, 3, 8)]
+)
+def test_the_line_cancellers_step_in_c_sums_in_index_order_bit_for_bit(
+    seed: int, taps: int, n: int
+) -> None:
+    # Whatever vector width the CPU gives the kernel (its lanes are independent sums),
+    # every figure is Python's own double arithmetic in index order, to the last bit:
+    # the kernel's results do not depend on the CPU.
+    kernels = _compiled()
+    seg, w, x, r, p = _lec_case(seed, taps, n)
+    r_c, p_c, residual_c = r.copy(), p.copy(), np.empty(n)
+    energies = kernels.lec_frame(seg, w, x, r_c, p_c, 0.98, residual_c)
+    residual, r_py, p_py, energies_py = _index_order_step(seg, w, x, r, p, 0.98)
+    assert residual_c.tolist() == residual
+    assert r_c.tolist() == r_py
+    assert p_c.tolist() == p_py
+    assert tuple(energies) == energies_py
+
+
+def test_the_line_canceller_kernels_refuse_what_is_not_their_arrays() -> None:
+    kernels = _compiled()
+    seg, w, x, r, p = _lec_case(6)
+    residual = np.empty(len(x))
+    with pytest.raises(ValueError, match="len\\(seg\\) == len\\(x\\) \\+ len\\(w\\) - 1"):
+        kernels.lec_frame(seg[:-1], w, x, r, p, 0.98, residual)
+    with pytest.raises(ValueError, match="len\\(residual\\) == len\\(x\\)"):
+        kernels.lec_frame(seg, w, x, r, p, 0.98, residual[:-1])
+    with pytest.raises(TypeError, match="1-D contiguous float64"):
+        kernels.lec_frame(seg.astype(np.float32), w, x, r, p, 0.98, residual)
+    read_only = r.copy()
+    read_only.setflags(write=False)
+    with pytest.raises((BufferError, ValueError)):
+        kernels.lec_frame(seg, w, x, read_only, p, 0.98, residual)
+    with pytest.raises(TypeError, match="takes 7 arguments"):
+        kernels.lec_frame(seg, w, x, r, p, 0.98)
+    with pytest.raises(ValueError, match="len\\(r\\) == len\\(p\\) == len\\(w\\)"):
+        kernels.lec_frame(seg, w, x, r, p[:-1], 0.98, residual)
