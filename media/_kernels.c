@@ -561,6 +561,25 @@ lec_step(const double *seg, const double *w, const double *x, double *r, double 
     lec_step_plain(seg, w, x, r, p, forget, residual, taps, n, energies);
 }
 
+/* Whether any two of the buffers, at least one of them written, share a byte. */
+static int
+any_overlap(const Py_buffer *views, const int *written, int count)
+{
+    for (int i = 0; i < count; i++) {
+        for (int j = i + 1; j < count; j++) {
+            if (!written[i] && !written[j]) {
+                continue;
+            }
+            const char *a = (const char *)views[i].buf, *b = (const char *)views[j].buf;
+            if (views[i].len > 0 && views[j].len > 0 && a < b + views[j].len &&
+                b < a + views[i].len) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(lec_frame_doc,
 "lec_frame(seg, w, x, r, p, forget, residual) -> (x_energy, residual_energy, echo_energy)\n\n"
 "media/line_echo.py LineEchoCanceller.capture's filter step: the echo estimate (``w``\n"
@@ -569,7 +588,8 @@ PyDoc_STRVAR(lec_frame_doc,
 "``forget`` and updated in place; returns the three frames' energies. Every sum runs\n"
 "in index order, so the results are the same on every CPU; numpy's correlations and\n"
 "energies are BLAS dot products, summed in the order of the CPU's BLAS kernel (within\n"
-"~1e-11 relative of these).");
+"~1e-11 relative of these). ``r``, ``p`` and ``residual`` must share no memory with\n"
+"another argument (ValueError).");
 
 static PyObject *
 lec_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -607,6 +627,13 @@ lec_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_ValueError,
                             "need len(seg) == len(x) + len(w) - 1, len(r) == len(p) == "
                             "len(w) >= 1 and len(residual) == len(x)");
+        }
+        else if (any_overlap(views, writable, 6)) {
+            /* The step reads its inputs after writing its outputs: shared memory would
+             * give wrong sums, not an error. */
+            PyErr_SetString(PyExc_ValueError,
+                            "lec_frame's arrays must not share memory (r, p and residual "
+                            "are written while seg, w and x are read)");
         }
         else {
             double energies[3];

@@ -365,3 +365,14 @@ def test_the_line_canceller_kernels_refuse_what_is_not_their_arrays() -> None:
         kernels.lec_frame(seg, w, x, r, p, 0.98)
     with pytest.raises(ValueError, match="len\\(r\\) == len\\(p\\) == len\\(w\\)"):
         kernels.lec_frame(seg, w, x, r, p[:-1], 0.98, residual)
+    # An output sharing memory with another array would give wrong sums, not an error.
+    with pytest.raises(ValueError, match="must not share memory"):
+        kernels.lec_frame(seg, w, x, r, p, 0.98, x)
+    with pytest.raises(ValueError, match="must not share memory"):
+        kernels.lec_frame(seg, w, x, r, r, 0.98, residual)
+    shared = np.zeros(len(seg) + len(r))
+    with pytest.raises(ValueError, match="must not share memory"):
+        kernels.lec_frame(shared[: len(seg)], w, x, shared[len(seg) - 1 : -1], p, 0.98, residual)
+    # Inputs may share memory: they are only read.
+    reads = np.concatenate([seg, x])
+    kernels.lec_frame(reads[: len(seg)], w, reads[len(seg) :], r.copy(), p.copy(), 0.98, residual)
