@@ -7,7 +7,8 @@ component and by kind of call, and measures each by **replay**, the steadier
 way:
 
 1. a call is simulated once on the virtual-time rig (``tests/support/engine_rig.py``)
-   with heldout material of ``bench/eval_corpus.py``, and every input the
+   with heldout material of ``bench/eval_corpus.py`` (the last call, the capacity
+   benchmarks' echo-brain load, with their own caller fixture), and every input the
    production per-call engine (``gateway/media_engine.py`` ``MediaEngine``, the
    object ``Call`` drives) got is recorded, with its time;
 2. the inputs are replayed into a fresh engine, built as ``Call`` builds one
@@ -25,7 +26,7 @@ way:
 Every figure is the least of ``--repeats`` replays (the least is the run the
 VM disturbed least), in µs per 20 ms caller frame of the call, and the engine's
 as % of one core per call. Replays give the same verdicts as the recording
-(checked: the engine's outputs are compared).
+(checked: each input's count of engine outputs, against the simulated call's).
 
 Usage: ``python -m bench.reflex_cost [--repeats N] [--split heldout|tune]`` (from the checkout)
 """
@@ -34,10 +35,15 @@ from __future__ import annotations
 
 import argparse
 import time
+import wave
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+import soxr
+
 from bench.eval_corpus import Utterance, scale_to_dbfs, utterances
+from bench.vs_pipecat import SPEECH_WAV
 from rutster.gateway.media_engine import MediaEngine, MediaEngineConfig
 from rutster.gateway.reflex import ReflexConfig
 from rutster.gateway.server import limit_numeric_threads
@@ -48,7 +54,7 @@ from rutster.media.narrowband import NarrowbandTap
 from rutster.media.transform import InboundTransform, OutboundTransform
 from rutster.media.vad import DEFAULT_DETECTOR, SPEECH_THRESHOLD, SpeechDetector, make_detector
 from rutster.protocols.ingress import AudioReceived, IngressEvent
-from rutster.protocols.tap import BrainEvent
+from rutster.protocols.tap import BrainEvent, BrainHello
 from rutster.tools.realtime_mock_voice import synthesize_reply
 from tests.support.engine_rig import (
     RATE,
@@ -73,6 +79,10 @@ CALLER_DBFS = -22.0
 #: The echo of the echo scenarios: 10 dB return loss at 200 ms (a bench/reflex.py line).
 ECHO = (200.0, 10.0)
 FRAMES_PER_S = 50
+#: How late the echo brain's copy of each caller frame starts playing in the echo-brain
+#: call (ms): a frame's trip to the brain and back on loopback plus the playout's start
+#: (seed decision; the capacity benchmarks hear their echo 48-50 ms late at light load).
+ECHO_BRAIN_MS = 50.0
 
 Input = tuple[str, object, float]
 
@@ -83,18 +93,26 @@ class _RecordingEngine:
     def __init__(self, engine: MediaEngine, log: list[Input]) -> None:
         self._engine = engine
         self._log = log
+        #: How many commands each input gave in the simulated call (what replays must give).
+        self.counts: list[int] = []
 
     def on_ingress(self, event: IngressEvent, now_ms: float) -> object:
         self._log.append(("ingress", event, now_ms))
-        return self._engine.on_ingress(event, now_ms)
+        out = self._engine.on_ingress(event, now_ms)
+        self.counts.append(len(out))
+        return out
 
     def on_brain(self, event: BrainEvent, now_ms: float) -> object:
         self._log.append(("brain", event, now_ms))
-        return self._engine.on_brain(event, now_ms)
+        out = self._engine.on_brain(event, now_ms)
+        self.counts.append(len(out))
+        return out
 
     def poll(self, now_ms: float) -> object:
         self._log.append(("poll", None, now_ms))
-        return self._engine.poll(now_ms)
+        out = self._engine.poll(now_ms)
+        self.counts.append(len(out))
+        return out
 
     def set_brain_connected(self, connected: bool) -> None:
         self._log.append(("link", connected, 0.0))
@@ -213,14 +231,21 @@ class Cost:
 
 def measure(name: str, rig: ReflexRig, repeats: int) -> Cost:
     """Simulate ``rig`` once, recording the engine's inputs; replay them (module doc)."""
-    # The rig connected the brain as it was built, before the recording began.
+    # The rig connected the brain (and gave the engine the brain's hello, if it has one)
+    # as it was built, before the recording began.
     inputs: list[Input] = [("link", True, 0.0)]
-    rig.engine = _RecordingEngine(rig.engine, inputs)  # type: ignore[assignment]
+    if rig.hello is not None:
+        inputs.append(("brain", rig.hello, 0.0))
+    before = sum(1 for kind, _, _ in inputs if kind != "link")  # replayed, not recorded
+    recording = _RecordingEngine(rig.engine, inputs)
+    rig.engine = recording  # type: ignore[assignment]
     rig.run()
     taps = _Taps()
     recorded_engine = _engine(_TappedEcho(EchoGate(), taps), _TappedDetector(make_detector(), taps))
     recorded_engine.outbound = _TappedOutbound(recorded_engine.outbound, taps)  # type: ignore[assignment]
     _, reference = _replay(recorded_engine, inputs)
+    if reference[before:] != recording.counts:
+        raise AssertionError(f"{name}: the replay's outputs differ from the simulated call's")
 
     def engine_run() -> int:
         ns, counts = _replay(_engine(), inputs)
@@ -360,12 +385,38 @@ def scenarios(split: str) -> list[tuple[str, Callable[[], ReflexRig]]]:
 
         return build
 
+    def echo_brain() -> ReflexRig:
+        # The capacity benchmarks' load (bench/vs_pipecat.py): their caller fixture (one
+        # recording talking the whole call, at its own level) over the echo brain, which
+        # declares itself not interruptible and says back each caller frame as it comes
+        # (one item, ECHO_BRAIN_MS late); the line has no echo, so the gate never finds
+        # a delay. Not the split's material: the load's own, for comparing with it.
+        rig = ReflexRig(
+            seconds=CALL_S,
+            echo_loss_db=None,
+            hello=BrainHello("echo", "bench", interruptible=False),
+        )
+        with wave.open(str(SPEECH_WAV)) as recording:
+            line = np.frombuffer(recording.readframes(recording.getnframes()), dtype="<i2")
+        pcm = np.clip(np.rint(soxr.resample(line.astype(np.float64), 8_000, RATE)), -32768, 32767)
+        speech = pcm.astype("<i2").tobytes()
+        rig.caller_audio(speech, at_s=0.5)
+        timeline = bytearray(int(CALL_S * RATE) * 2)
+        start = int(0.5 * RATE) * 2
+        timeline[start:] = speech[: len(timeline) - start]
+        # Every frame comes back, the pauses' silence too, as the echo brain sends it.
+        frame = RATE * 2 // FRAMES_PER_S
+        for a in range(0, len(timeline), frame):
+            rig.say(bytes(timeline[a : a + frame]), "echo", a / 2 / RATE + ECHO_BRAIN_MS / 1000)
+        return rig
+
     return [
         ("idle line (-65 dBFS noise)", idle),
         (f"caller talking alone ({CALLER_DBFS:.0f} dBFS)", caller_alone),
         ("assistant alone, echo 10 dB 200 ms", assistant_alone),
         ("12 interruptions, clean line", interruptions(False)),
         ("12 interruptions, echo 10 dB 200 ms", interruptions(True)),
+        ("echo brain load (its caller fixture)", echo_brain),
     ]
 
 
