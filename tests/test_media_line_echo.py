@@ -8,13 +8,16 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from rutster.media import echo_kernels
 from rutster.media.line_echo import (
+    _MIN_RENDER_SHARE,
     PRE_EMPHASIS,
     WAVE_FRAME,
     WAVE_RATE,
     LineEchoCanceller,
     fft_size,
     normalised_xcorr,
+    normalised_xcorr_peak,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures/audio/caller_speech_8k.wav"
@@ -139,6 +142,30 @@ def test_normalised_xcorr_matches_the_direct_sum(render_len: int) -> None:
     )
     np.testing.assert_allclose(ncc, direct, atol=1e-9)
     assert int(ncc.argmax()) == 100
+
+
+@pytest.mark.parametrize(
+    ("render_len", "capture_len"), [(5_280, 320), (5_281, 320), (8_800, 4_000), (321, 320), (97, 1)]
+)
+def test_the_paired_transforms_give_the_separate_transforms_bit_for_bit(
+    render_len: int, capture_len: int
+) -> None:
+    # The correlation transforms the render and the capture as two rows of one array
+    # (numpy runs a batch's rows side by side): every figure must be what two separate
+    # transforms give, to the last bit, or the echo gate's verdicts could move.
+    rng = np.random.default_rng(render_len + capture_len)
+    render = rng.normal(0, 3000, render_len)
+    capture = rng.normal(0, 1000, capture_len)
+    r = np.empty(render_len)
+    c = np.empty(capture_len)
+    echo_kernels.pre_emphasis(render, r, PRE_EMPHASIS)
+    echo_kernels.pre_emphasis(capture, c, PRE_EMPHASIS)
+    size = fft_size(render_len)
+    corr = np.fft.irfft(np.fft.rfft(r, size) * np.conj(np.fft.rfft(c, size)), size)
+    expected = echo_kernels.ncc_numpy(corr, r, capture_len, float(c @ c), _MIN_RENDER_SHARE)
+    assert np.array_equal(normalised_xcorr(render, capture), expected)
+    best = int(expected.argmax())
+    assert normalised_xcorr_peak(render, capture) == (float(expected[best]), best)
 
 
 def test_a_failed_alignment_keeps_its_best_peak() -> None:
