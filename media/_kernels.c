@@ -660,7 +660,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "rutster.media._kernels",
-    "Compiled per-frame kernels of the media path (media/echo_kernels.py, media/polyphase.py).",
+    "Compiled per-frame kernels of the media path (media/echo_kernels.py, media/line_echo.py, "
+    "media/polyphase.py).",
     -1,
     methods,
     NULL,
