@@ -23,7 +23,7 @@ The two parts:
 
 Printed per gap: the median µs of the first operation after it (*after gap*), the median
 of the next ``WARM_FOLLOWERS`` (*warm*), and their ratio. Whether the idle kind matters in
-the gateway is measured by ``bench/vs_pipecat.py --keep-core-awake`` (README).
+the gateway is measured by ``bench/vs_pipecat.py --keep-core-awake`` (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations

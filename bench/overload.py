@@ -42,7 +42,8 @@ from rutster.tools.twilio_simulator import (
 )
 
 #: This project's dev VM's carried calls per gateway core, default settings
-#: (README, "rutster against Pipecat": its two runs carried 30 and 35).
+#: (docs/BENCHMARKS.md, "rutster and Pipecat, side by side": its first two runs carried
+#: 30 and 35).
 DEFAULT_CAPACITY = 30
 #: Offer rate (calls started a second). Seed decision: twice vs_pipecat's 5 a second, a
 #: burst the guard has to meet before the calls it admitted show their cost.

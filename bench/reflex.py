@@ -99,7 +99,7 @@ ONSET_BELOW_ACTIVE_DB = 15.0
 #: ... that starts a run of this many such frames. A lone frame is a click, not
 #: speech: three of the tune split's GSM-coded prompts open with one 240-560 ms
 #: before the voice, which counted as the onset, so the pause was timed from the
-#: click (bench history: README).
+#: click (bench history: docs/BENCHMARKS.md).
 ONSET_RUN_FRAMES = 2
 #: A call ends this long after the caller's last interruption ends (ms): time for the
 #: turn to end and the brain to answer. The planned length is only a cap, so that a

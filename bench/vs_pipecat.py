@@ -35,13 +35,13 @@ to quote is the median over rounds.
 
 ``--without vad`` or ``--without reflex`` cuts that part out of rutster
 (``bench/without_parts/sitecustomize.py``): what the rest of the gateway would carry if
-the part cost nothing. A bound on what the part costs (README, "Where a call's time
-goes"), not a setting to run with: those calls hear no caller turns.
+the part cost nothing. A bound on what the part costs (docs/BENCHMARKS.md, "Where a
+call's time goes"), not a setting to run with: those calls hear no caller turns.
 
 ``--keep-core-awake`` runs a busy loop at ``SCHED_IDLE`` on the server's core for the
 whole run: it runs only when the server has nothing to do (its CPU is not the server's),
-so the core never idles. A measurement of what an idle core costs the server (README,
-"Where a call's time goes"), not a setting to run with.
+so the core never idles. A measurement of what an idle core costs the server
+(docs/BENCHMARKS.md, "Where a call's time goes"), not a setting to run with.
 """
 
 from __future__ import annotations

@@ -405,8 +405,8 @@ LINE_CANCELLER_MARGIN_DB = 12.0
 #: 3 dB is an equal-power sum: something as loud as that floor was added to it. Chosen
 #: on the tune split: 3, 6 and 9 dB all took those 3 pauses (12 -> 9); bench/reflex.py's
 #: standard lines were unchanged by 3 dB (6: one noise-alone pause fewer) and its hard
-#: lines' noise alone made 12 cuts against 11 without (6: 13); README, "Echo the line
-#: canceller leaves at the line's noise".
+#: lines' noise alone made 12 cuts against 11 without (6: 13); docs/BENCHMARKS.md, "Echo
+#: the line canceller leaves at the line's noise".
 RESIDUAL_NOISE_MARGIN_DB = 3.0
 #: How much louder than the frame heard the line canceller's residual must be for
 #: the VAD to hear the frame instead: the canceller then added a prediction at least
@@ -434,7 +434,7 @@ RESIDUAL_COPY = 0.5
 #: the tune split with RESIDUAL_FOLLOWS_SHARE, over every frame whose residual scored
 #: under RESIDUAL_COPY (tune calls of interruptions on the echo lines of bench/reflex.py,
 #: standard and hard, and Festival's voices on bench/echo_alone.py's lines; a scratch
-#: trace, README "Echo alone over many lines"): 4 taps at 0.7 explained 6 of
+#: trace, docs/BENCHMARKS.md "Echo alone over many lines"): 4 taps at 0.7 explained 6 of
 #: 1,218 frames with no caller (the second frame of each of the Finnish voice's two
 #: slips among them: a run of one frame does not pause) and none of 1,537 frames with a
 #: caller talking (at most 0.65); 8 taps at 0.8 explained 6 and 3, 16 at 0.8 12 and 5.
@@ -492,8 +492,8 @@ COHERENCE_NOISE_WINDOW_MS = 1500.0
 #: interruptions over the hard lines' echo under noise still does, and echo alone
 #: heard echo on 28 of 32 noisy-line runs against 30 (0.12: the same no-echo calls
 #: clear); bench/echo_alone.py's pauses 9 -> 7 (0.12: 9, 0.2: 10), bench/reflex.py's
-#: -45 dBFS line's pause P95 190 -> 180 ms, its other figures the same (README,
-#: "Chance peaks counted as echo").
+#: -45 dBFS line's pause P95 190 -> 180 ms, its other figures the same
+#: (docs/BENCHMARKS.md, "Chance peaks counted as echo").
 ECHO_HINT_CORRELATION = 0.15
 #: How near (8 kHz samples, 1 ms) two hints' delays must be to be one echo path: the
 #: line canceller aligns to the sample, and a path's delay does not move between

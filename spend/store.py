@@ -143,8 +143,9 @@ REDIS_RETRIES = 1
 #: to REDIS_POOL_WAIT_S, then fails as StoreUnavailable. Why a bound: redis-py's default pool
 #: opens one connection per operation in flight and keeps them all, so a stall under load left
 #: 101 open after the ten-minute hostile campaign (2026-12-05), descriptors the gateway's fd
-#: budget (README, "Hostile input") must count. 64 operations of ~0.2 ms each in flight serve
-#: far more than the gateway's calls ask (a meter tick per call every second or so).
+#: budget (README, "Bad input": the hostile-input campaign) must count. 64 operations of
+#: ~0.2 ms each in flight serve far more than the gateway's calls ask (a meter tick per
+#: call every second or so).
 REDIS_MAX_CONNECTIONS = 64
 #: Longest wait for a free pooled connection: the same bound as an operation's own reply.
 REDIS_POOL_WAIT_S = REDIS_SOCKET_TIMEOUT_S
