@@ -1,0 +1,385 @@
+"""What one media message costs on each WebSocket server path: ``python -m bench.ws_paths``.
+
+With the reflex loop cut out, about 71 % of a call's CPU in the side-by-side benchmark
+is its four WebSocket messages a caller frame, each through asyncio, uvicorn or
+websockets and Python (docs/BENCHMARKS.md, "What the reflex loop costs this load"). This
+measures the provider side's two (one in, one out) on three server paths, with no
+gateway code in them:
+
+- ``asgi``: uvicorn as ``rutster serve`` runs it (uvloop, httptools, the
+  websockets-sansio WebSocket protocol of ``gateway/server.py`` ``WS_PROTOCOL``, no
+  deflate) and a Starlette WebSocket route: the path every provider stream takes;
+- ``websockets``: websockets' own asyncio server (uvloop, no compression): one task
+  per connection reading from websockets' message queue;
+- ``sansio``: an asyncio ``Protocol`` driving websockets' sans-I/O ``ServerProtocol``,
+  the handler called from ``data_received``: no task, queue or ASGI message per
+  WebSocket message.
+
+Each server runs alone on one core and echoes every text message it gets. The load runs
+on the other core: ``--connections`` clients, each sending a Twilio ``media`` message
+(20 ms of μ-law, base64 in JSON, as Twilio sends it: docs/PROVIDERS.md §1) every 20 ms
+and reading the echoes. After ``WARMUP_S`` the load counts the echoes and the server's CPU
+time (user and system, every thread) for ``--seconds``. Printed per path and level: the
+server's share of its core, and its **CPU µs per message echoed** (one received and one
+sent, the handler's echo included, no JSON or base64 work in it). Each path runs in a
+fresh server process, the paths one after the other, ``--rounds`` times in turn; the
+figure to read is each path's least over rounds (the run the VM disturbed least).
+
+Usage: ``python -m bench.ws_paths [--connections 20,40] [--seconds 10] [--rounds 2]``
+(from the checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import cast
+
+import psutil
+
+from rutster.tools.launcher import LOOPBACK, free_port
+
+PATHS = ("asgi", "websockets", "sansio")
+#: Client connections per level: the calls a core carries today, and twice that
+#: (docs/BENCHMARKS.md, "rutster and Pipecat, side by side": 20-50 calls).
+LEVELS = (20, 40)
+#: One media message every 20 ms per connection: Twilio's pace (docs/PROVIDERS.md §1).
+FRAME_S = 0.020
+#: μ-law bytes in one Twilio media message: 20 ms at 8 kHz.
+MULAW_BYTES = 160
+#: Counted window and the warm-up before it (s). Seed decision: 10 s holds 10,000-20,000
+#: messages at these levels; 2 s lets every connection open and the server settle.
+SECONDS = 10.0
+WARMUP_S = 2.0
+ROUNDS = 3
+#: How long a server gets to start listening (s).
+START_TIMEOUT_S = 10.0
+#: Largest message the servers accept: the gateway's media-socket limit order (bytes).
+MAX_MESSAGE_BYTES = 64 * 1024
+
+
+def media_message(seq: int) -> str:
+    """One Twilio ``media`` message, as Twilio sends it (docs/PROVIDERS.md §1)."""
+    payload = base64.b64encode(bytes((seq + i) & 0xFF for i in range(MULAW_BYTES))).decode()
+    return json.dumps(
+        {
+            "event": "media",
+            "sequenceNumber": str(seq),
+            "media": {
+                "track": "inbound",
+                "chunk": str(seq),
+                "timestamp": str(seq * 20),
+                "payload": payload,
+            },
+            "streamSid": "MZ00000000000000000000000000000000",
+        }
+    )
+
+
+# ---- the servers (each in its own process) -------------------------------------------
+
+
+def serve_asgi(port: int) -> None:
+    """uvicorn and a Starlette WebSocket route, configured as ``rutster serve`` does."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocket, WebSocketDisconnect
+
+    from rutster.gateway.server import WS_PROTOCOL
+
+    async def echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        try:
+            while True:
+                await websocket.send_text(await websocket.receive_text())
+        except WebSocketDisconnect:
+            return
+
+    app = Starlette(routes=[WebSocketRoute("/ws", echo)])
+    config = uvicorn.Config(
+        app,
+        host=LOOPBACK,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        ws=WS_PROTOCOL,
+        ws_max_size=MAX_MESSAGE_BYTES,
+        ws_per_message_deflate=False,
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+    )
+    uvicorn.Server(config).run()
+
+
+def serve_websockets(port: int) -> None:
+    """websockets' asyncio server: a task per connection."""
+    import uvloop
+    from websockets.asyncio.server import ServerConnection, serve
+    from websockets.exceptions import ConnectionClosed
+
+    async def echo(connection: ServerConnection) -> None:
+        try:
+            async for message in connection:
+                await connection.send(message)
+        except ConnectionClosed:  # a client that closed while its echo was on the way
+            return
+
+    async def main() -> None:
+        async with serve(
+            echo, LOOPBACK, port, compression=None, max_size=MAX_MESSAGE_BYTES
+        ) as server:
+            await server.serve_forever()
+
+    uvloop.run(main())
+
+
+def serve_sansio(port: int) -> None:
+    """An asyncio Protocol over websockets' sans-I/O ServerProtocol (handler inline)."""
+    import uvloop
+    from websockets.frames import Frame, Opcode
+    from websockets.http11 import Request
+    from websockets.protocol import State
+    from websockets.server import ServerProtocol
+
+    class EchoProtocol(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.ws = ServerProtocol(max_size=MAX_MESSAGE_BYTES)
+            self.transport: asyncio.Transport | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+
+        def data_received(self, data: bytes) -> None:
+            ws = self.ws
+            ws.receive_data(data)
+            for event in ws.events_received():
+                if isinstance(event, Request):
+                    ws.send_response(ws.accept(event))
+                elif (
+                    isinstance(event, Frame)
+                    and event.opcode is Opcode.TEXT
+                    and ws.state is State.OPEN
+                ):
+                    ws.send_text(event.data)  # the clients send whole messages
+            self._flush()
+
+        def _flush(self) -> None:
+            assert self.transport is not None
+            for chunk in self.ws.data_to_send():
+                if chunk:
+                    self.transport.write(chunk)
+                else:
+                    self.transport.close()  # the protocol is done with the connection
+
+        def eof_received(self) -> bool | None:
+            self.ws.receive_eof()
+            self._flush()
+            return None
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(EchoProtocol, LOOPBACK, port)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.run(main())
+
+
+SERVERS = {"asgi": serve_asgi, "websockets": serve_websockets, "sansio": serve_sansio}
+
+
+# ---- the load (the parent process, on the other core) ---------------------------------
+
+
+@dataclass
+class Result:
+    """One path at one level: what the load counted in the window."""
+
+    path: str
+    connections: int
+    sent: int
+    echoed: int
+    server_cpu_s: float
+    server_system_s: float
+    seconds: float
+
+    @property
+    def cpu_pct(self) -> float:
+        return 100.0 * self.server_cpu_s / self.seconds
+
+    @property
+    def us_per_message(self) -> float:
+        return 1e6 * self.server_cpu_s / self.echoed if self.echoed else float("nan")
+
+    @property
+    def system_us_per_message(self) -> float:
+        return 1e6 * self.server_system_s / self.echoed if self.echoed else float("nan")
+
+
+def server_cpu_s(server: psutil.Process) -> tuple[float, float]:
+    """The server's CPU time so far (every thread): user and system, and system alone."""
+    times = server.cpu_times()
+    return float(times.user + times.system), float(times.system)
+
+
+async def load(
+    port: int, connections: int, seconds: float, server: psutil.Process, warmup_s: float
+) -> Result:
+    """``connections`` clients at Twilio's pace; counts the window after the warm-up."""
+    from websockets.asyncio.client import ClientConnection, connect
+
+    messages = [media_message(seq) for seq in range(50)]
+    counts = {"sent": 0, "echoed": 0}
+    counting = False
+    stop = asyncio.Event()
+
+    async def client(index: int) -> None:
+        conn: ClientConnection = await connect(
+            f"ws://{LOOPBACK}:{port}/ws", compression=None, max_size=MAX_MESSAGE_BYTES
+        )
+
+        async def read() -> None:
+            async for _ in conn:
+                if counting:
+                    counts["echoed"] += 1
+
+        reader = asyncio.create_task(read())
+        loop = asyncio.get_running_loop()
+        # Spread the connections over the 20 ms, as calls' frames are.
+        next_at = loop.time() + FRAME_S * index / connections
+        seq = 0
+        while not stop.is_set():
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            await conn.send(messages[seq % len(messages)])
+            if counting:
+                counts["sent"] += 1
+            seq += 1
+            next_at += FRAME_S
+        await conn.close()
+        reader.cancel()
+
+    tasks = [asyncio.create_task(client(i)) for i in range(connections)]
+    await asyncio.sleep(warmup_s)
+    counting = True
+    cpu_before, started = server_cpu_s(server), time.monotonic()
+    await asyncio.sleep(seconds)
+    counting = False
+    cpu_after, ended = server_cpu_s(server), time.monotonic()
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return Result(
+        path="",
+        connections=connections,
+        sent=counts["sent"],
+        echoed=counts["echoed"],
+        server_cpu_s=cpu_after[0] - cpu_before[0],
+        server_system_s=cpu_after[1] - cpu_before[1],
+        seconds=ended - started,
+    )
+
+
+def wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
+    import socket
+
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} before listening")
+        with socket.socket() as sock:
+            if sock.connect_ex((LOOPBACK, port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"the server did not listen on port {port} within {START_TIMEOUT_S} s")
+
+
+def run_path(
+    path: str,
+    connections: int,
+    seconds: float,
+    cores: tuple[int, int],
+    warmup_s: float = WARMUP_S,
+) -> Result:
+    """A fresh server for ``path`` on core ``cores[0]``; the load in this process (main()
+    pins it to ``cores[1]``)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.ws_paths", "--serve", path, "--port", str(port)]
+    )
+    try:
+        server = psutil.Process(proc.pid)
+        server.cpu_affinity([cores[0]])
+        wait_listening(port, proc)
+        import uvloop
+
+        result = uvloop.run(load(port, connections, seconds, server, warmup_s))
+        result.path = path
+        return result
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--connections", default=",".join(map(str, LEVELS)))
+    parser.add_argument("--seconds", type=float, default=SECONDS)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--serve", choices=PATHS, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        SERVERS[args.serve](args.port)
+        return
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) < 2:
+        sys.exit("bench.ws_paths needs two cores: the server on one, the load on the other")
+    cores = (available[0], available[1])
+    os.sched_setaffinity(0, {cores[1]})
+    levels = [int(n) for n in args.connections.split(",")]
+    paths = [p for p in args.paths.split(",") if p]
+    for path in paths:
+        if path not in PATHS:
+            sys.exit(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
+    print(
+        f"server on core [{cores[0]}], load on [{cores[1]}]; each connection sends a Twilio media "
+        f"message every {FRAME_S * 1000:.0f} ms and reads its echo; counted for {args.seconds:g} s "
+        f"after {WARMUP_S:g} s; {args.rounds} rounds, the paths in turn"
+    )
+    print(
+        f"{'path':<11} {'conns':>5} {'round':>5} {'sent':>7} {'echoed':>7} {'server CPU':>10} "
+        f"{'µs/message':>10} {'in kernel':>9}"
+    )
+    best: dict[tuple[str, int], float] = {}
+    for round_no in range(1, args.rounds + 1):
+        for connections in levels:
+            for path in paths:
+                r = run_path(path, connections, args.seconds, cores)
+                print(
+                    f"{r.path:<11} {r.connections:>5} {round_no:>5} {r.sent:>7} {r.echoed:>7} "
+                    f"{r.cpu_pct:>9.1f}% {r.us_per_message:>10.1f} {r.system_us_per_message:>9.1f}",
+                    flush=True,
+                )
+                key = (path, connections)
+                best[key] = min(best.get(key, float("inf")), r.us_per_message)
+    print("least over rounds, server CPU µs per message echoed (one in, one out):")
+    for connections in levels:
+        cells = ", ".join(f"{path} {best[(path, connections)]:.1f}" for path in paths)
+        print(f"  {connections} connections: {cells}")
+
+
+if __name__ == "__main__":
+    main()
