@@ -25,8 +25,15 @@ sent, the handler's echo included, no JSON or base64 work in it). Each path runs
 fresh server process, the paths one after the other, ``--rounds`` times in turn; the
 figure to read is each path's least over rounds (the run the VM disturbed least).
 
-Usage: ``python -m bench.ws_paths [--connections 20,40] [--seconds 10] [--rounds 2]``
-(from the checkout).
+``--side client`` times the tap's side the same way: the clients' process alone on one
+core, the ``sansio`` echo server on the other, and two client paths: websockets' asyncio
+client as the tap uses it (``gateway/tap_client.py``: a task reading each connection,
+``send`` under its lock) and an asyncio ``Protocol`` over websockets' sans-I/O
+``ClientProtocol`` (echoes counted in ``data_received``, sends written at once). The
+clients' pacing (a task and a timer per message) is in both figures.
+
+Usage: ``python -m bench.ws_paths [--side server|client] [--connections 20,40]
+[--seconds 10] [--rounds 3] [--paths ...]`` (from the checkout).
 """
 
 from __future__ import annotations
@@ -36,10 +43,12 @@ import asyncio
 import base64
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from typing import cast
 
 import psutil
@@ -47,6 +56,9 @@ import psutil
 from rutster.tools.launcher import LOOPBACK, free_port
 
 PATHS = ("asgi", "websockets", "sansio")
+#: The client paths (``--side client``): websockets' asyncio client, as the tap uses it
+#: (gateway/tap_client.py), and an asyncio Protocol over its sans-I/O ClientProtocol.
+CLIENT_PATHS = ("websockets", "sansio")
 #: Client connections per level: the calls a core carries today, and twice that
 #: (docs/BENCHMARKS.md, "rutster and Pipecat, side by side": 20-50 calls).
 LEVELS = (20, 40)
@@ -202,27 +214,28 @@ SERVERS = {"asgi": serve_asgi, "websockets": serve_websockets, "sansio": serve_s
 
 @dataclass
 class Result:
-    """One path at one level: what the load counted in the window."""
+    """One path at one level: what the load counted in the window, and the CPU time of
+    the side timed (the server, or with ``--side client`` the clients' process)."""
 
     path: str
     connections: int
     sent: int
     echoed: int
-    server_cpu_s: float
-    server_system_s: float
+    cpu_s: float
+    system_s: float
     seconds: float
 
     @property
     def cpu_pct(self) -> float:
-        return 100.0 * self.server_cpu_s / self.seconds
+        return 100.0 * self.cpu_s / self.seconds
 
     @property
     def us_per_message(self) -> float:
-        return 1e6 * self.server_cpu_s / self.echoed if self.echoed else float("nan")
+        return 1e6 * self.cpu_s / self.echoed if self.echoed else float("nan")
 
     @property
     def system_us_per_message(self) -> float:
-        return 1e6 * self.server_system_s / self.echoed if self.echoed else float("nan")
+        return 1e6 * self.system_s / self.echoed if self.echoed else float("nan")
 
 
 def server_cpu_s(server: psutil.Process) -> tuple[float, float]:
@@ -231,58 +244,142 @@ def server_cpu_s(server: psutil.Process) -> tuple[float, float]:
     return float(times.user + times.system), float(times.system)
 
 
+def own_cpu_s() -> tuple[float, float]:
+    """This process's CPU time so far: user and system, and system alone (getrusage)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, usage.ru_stime
+
+
+class SansIOClient(asyncio.Protocol):
+    """A WebSocket client connection as an asyncio Protocol over websockets' sans-I/O
+    ``ClientProtocol``: each echo is counted in ``data_received``, each send written at
+    once (no reader task, no send lock)."""
+
+    def __init__(self, uri: str, on_echo: Callable[[], None]) -> None:
+        from websockets.client import ClientProtocol
+        from websockets.uri import parse_uri
+
+        self.ws = ClientProtocol(parse_uri(uri), max_size=MAX_MESSAGE_BYTES)
+        self.on_echo = on_echo
+        self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self.ws.send_request(self.ws.connect())
+        self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        from websockets.frames import Frame, Opcode
+        from websockets.http11 import Response
+
+        ws = self.ws
+        ws.receive_data(data)
+        for event in ws.events_received():
+            if isinstance(event, Response):
+                if ws.handshake_exc is None:
+                    self.opened.set_result(None)
+                else:
+                    self.opened.set_exception(ws.handshake_exc)
+            elif isinstance(event, Frame) and event.opcode is Opcode.TEXT:
+                self.on_echo()
+        self._flush()
+
+    def send(self, text: str) -> None:
+        from websockets.protocol import State
+
+        if self.ws.state is State.OPEN:
+            self.ws.send_text(text.encode())
+            self._flush()
+
+    def close(self) -> None:
+        from websockets.protocol import State
+
+        if self.ws.state is State.OPEN:
+            self.ws.send_close()
+            self._flush()
+
+    def _flush(self) -> None:
+        assert self.transport is not None
+        for chunk in self.ws.data_to_send():
+            if chunk:
+                self.transport.write(chunk)
+            else:
+                self.transport.close()
+
+
 async def load(
-    port: int, connections: int, seconds: float, server: psutil.Process, warmup_s: float
+    port: int,
+    connections: int,
+    seconds: float,
+    cpu: Callable[[], tuple[float, float]],
+    warmup_s: float,
+    client_path: str = "websockets",
 ) -> Result:
-    """``connections`` clients at Twilio's pace; counts the window after the warm-up."""
+    """``connections`` clients at Twilio's pace, each on ``client_path``; counts the
+    window after the warm-up, and ``cpu()`` over it."""
     from websockets.asyncio.client import ClientConnection, connect
 
     messages = [media_message(seq) for seq in range(50)]
     counts = {"sent": 0, "echoed": 0}
     counting = False
     stop = asyncio.Event()
+    uri = f"ws://{LOOPBACK}:{port}/ws"
+    loop = asyncio.get_running_loop()
 
-    async def client(index: int) -> None:
-        conn: ClientConnection = await connect(
-            f"ws://{LOOPBACK}:{port}/ws", compression=None, max_size=MAX_MESSAGE_BYTES
-        )
+    def echoed() -> None:
+        if counting:
+            counts["echoed"] += 1
 
-        async def read() -> None:
-            async for _ in conn:
-                if counting:
-                    counts["echoed"] += 1
-
-        reader = asyncio.create_task(read())
-        loop = asyncio.get_running_loop()
+    async def paced(index: int, send: Callable[[str], Awaitable[None] | None]) -> None:
         # Spread the connections over the 20 ms, as calls' frames are.
         next_at = loop.time() + FRAME_S * index / connections
         seq = 0
         while not stop.is_set():
             await asyncio.sleep(max(0.0, next_at - loop.time()))
-            await conn.send(messages[seq % len(messages)])
+            pending = send(messages[seq % len(messages)])
+            if pending is not None:
+                await pending
             if counting:
                 counts["sent"] += 1
             seq += 1
             next_at += FRAME_S
+
+    async def websockets_client(index: int) -> None:
+        conn: ClientConnection = await connect(uri, compression=None, max_size=MAX_MESSAGE_BYTES)
+
+        async def read() -> None:
+            async for _ in conn:
+                echoed()
+
+        reader = asyncio.create_task(read())
+        await paced(index, conn.send)
         await conn.close()
         reader.cancel()
 
+    async def sansio_client(index: int) -> None:
+        _, client = await loop.create_connection(lambda: SansIOClient(uri, echoed), LOOPBACK, port)
+        await client.opened
+        await paced(index, client.send)
+        client.close()
+
+    client = websockets_client if client_path == "websockets" else sansio_client
     tasks = [asyncio.create_task(client(i)) for i in range(connections)]
     await asyncio.sleep(warmup_s)
     counting = True
-    cpu_before, started = server_cpu_s(server), time.monotonic()
+    cpu_before, started = cpu(), time.monotonic()
     await asyncio.sleep(seconds)
     counting = False
-    cpu_after, ended = server_cpu_s(server), time.monotonic()
+    cpu_after, ended = cpu(), time.monotonic()
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     return Result(
-        path="",
+        path=client_path,
         connections=connections,
         sent=counts["sent"],
         echoed=counts["echoed"],
-        server_cpu_s=cpu_after[0] - cpu_before[0],
-        server_system_s=cpu_after[1] - cpu_before[1],
+        cpu_s=cpu_after[0] - cpu_before[0],
+        system_s=cpu_after[1] - cpu_before[1],
         seconds=ended - started,
     )
 
@@ -320,7 +417,9 @@ def run_path(
         wait_listening(port, proc)
         import uvloop
 
-        result = uvloop.run(load(port, connections, seconds, server, warmup_s))
+        result = uvloop.run(
+            load(port, connections, seconds, lambda: server_cpu_s(server), warmup_s)
+        )
         result.path = path
         return result
     finally:
@@ -332,12 +431,75 @@ def run_path(
             proc.wait()
 
 
+def run_client_path(
+    path: str,
+    connections: int,
+    seconds: float,
+    cores: tuple[int, int],
+    warmup_s: float = WARMUP_S,
+) -> Result:
+    """The clients on ``path`` in a process of their own on core ``cores[0]``, measured;
+    the leanest echo server (``sansio``) on ``cores[1]``."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.ws_paths", "--serve", "sansio", "--port", str(port)]
+    )
+    try:
+        psutil.Process(server.pid).cpu_affinity([cores[1]])
+        wait_listening(port, server)
+        clients = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); "
+                "from bench.ws_paths import client_main; client_main(sys.argv[2:])",
+                str(cores[0]),
+                path,
+                str(port),
+                str(connections),
+                str(seconds),
+                str(warmup_s),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=warmup_s + seconds + START_TIMEOUT_S + 30,
+            check=False,
+        )
+        if clients.returncode != 0:
+            raise RuntimeError(f"the {path} clients failed: {clients.stderr.strip()[-400:]}")
+        return Result(**json.loads(clients.stdout.strip().splitlines()[-1]))
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def client_main(argv: list[str]) -> None:
+    """The measured clients' process (``run_client_path``): prints its Result as JSON."""
+    import uvloop
+
+    path, port, connections, seconds, warmup_s = argv
+    result = uvloop.run(
+        load(int(port), int(connections), float(seconds), own_cpu_s, float(warmup_s), path)
+    )
+    print(json.dumps(asdict(result)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--connections", default=",".join(map(str, LEVELS)))
     parser.add_argument("--seconds", type=float, default=SECONDS)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
-    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument(
+        "--side",
+        choices=("server", "client"),
+        default="server",
+        help="time the server paths (the provider's socket) or the client paths (the tap's)",
+    )
+    parser.add_argument("--paths", default=None, help="comma-separated (default: the side's all)")
     parser.add_argument("--serve", choices=PATHS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -346,36 +508,44 @@ def main() -> None:
         return
     available = sorted(os.sched_getaffinity(0))
     if len(available) < 2:
-        sys.exit("bench.ws_paths needs two cores: the server on one, the load on the other")
+        sys.exit(
+            "bench.ws_paths needs two cores: the side timed on one, the other side on the other"
+        )
     cores = (available[0], available[1])
     os.sched_setaffinity(0, {cores[1]})
+    side_paths = PATHS if args.side == "server" else CLIENT_PATHS
     levels = [int(n) for n in args.connections.split(",")]
-    paths = [p for p in args.paths.split(",") if p]
+    paths = side_paths if args.paths is None else tuple(p for p in args.paths.split(",") if p)
     for path in paths:
-        if path not in PATHS:
-            sys.exit(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
+        if path not in side_paths:
+            sys.exit(f"unknown {args.side} path {path!r}; choose from {', '.join(side_paths)}")
+    timed = "server" if args.side == "server" else "clients"
+    other = "load" if args.side == "server" else "sansio echo server"
     print(
-        f"server on core [{cores[0]}], load on [{cores[1]}]; each connection sends a Twilio media "
-        f"message every {FRAME_S * 1000:.0f} ms and reads its echo; counted for {args.seconds:g} s "
-        f"after {WARMUP_S:g} s; {args.rounds} rounds, the paths in turn"
+        f"{timed} on core [{cores[0]}], {other} on [{cores[1]}]; each connection sends a Twilio "
+        f"media message every {FRAME_S * 1000:.0f} ms and reads its echo; counted for "
+        f"{args.seconds:g} s after {WARMUP_S:g} s; {args.rounds} rounds, the paths in turn"
     )
     print(
-        f"{'path':<11} {'conns':>5} {'round':>5} {'sent':>7} {'echoed':>7} {'server CPU':>10} "
+        f"{'path':<11} {'conns':>5} {'round':>5} {'sent':>7} {'echoed':>7} {timed + ' CPU':>11} "
         f"{'µs/message':>10} {'in kernel':>9}"
     )
+    run = run_path if args.side == "server" else run_client_path
     best: dict[tuple[str, int], float] = {}
     for round_no in range(1, args.rounds + 1):
         for connections in levels:
             for path in paths:
-                r = run_path(path, connections, args.seconds, cores)
+                r = run(path, connections, args.seconds, cores)
                 print(
-                    f"{r.path:<11} {r.connections:>5} {round_no:>5} {r.sent:>7} {r.echoed:>7} "
-                    f"{r.cpu_pct:>9.1f}% {r.us_per_message:>10.1f} {r.system_us_per_message:>9.1f}",
+                    f"{path:<11} {r.connections:>5} {round_no:>5} {r.sent:>7} {r.echoed:>7} "
+                    f"{r.cpu_pct:>10.1f}% {r.us_per_message:>10.1f} "
+                    f"{r.system_us_per_message:>9.1f}",
                     flush=True,
                 )
                 key = (path, connections)
                 best[key] = min(best.get(key, float("inf")), r.us_per_message)
-    print("least over rounds, server CPU µs per message echoed (one in, one out):")
+    owner = "server's" if args.side == "server" else "clients'"
+    print(f"least over rounds, the {owner} CPU µs per message echoed (one sent, one received):")
     for connections in levels:
         cells = ", ".join(f"{path} {best[(path, connections)]:.1f}" for path in paths)
         print(f"  {connections} connections: {cells}")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench.ws_paths import PATHS, media_message, run_path
+from bench.ws_paths import CLIENT_PATHS, PATHS, media_message, run_client_path, run_path
 
 
 def test_a_media_message_is_twilios_shape() -> None:
@@ -26,4 +26,16 @@ def test_each_path_echoes_every_message(path: str) -> None:
     # closes may be echoed after it.
     assert result.sent >= 60
     assert result.sent - 3 <= result.echoed <= result.sent + 3
-    assert result.server_cpu_s >= 0.0 and result.seconds > 0.5
+    assert result.cpu_s >= 0.0 and result.seconds > 0.5
+
+
+@pytest.mark.parametrize("path", CLIENT_PATHS)
+def test_each_client_path_gets_every_echo(path: str) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    result = run_client_path(
+        path, connections=3, seconds=0.6, cores=(cores[0], cores[-1]), warmup_s=0.3
+    )
+    assert result.path == path
+    assert result.sent >= 60
+    assert result.sent - 3 <= result.echoed <= result.sent + 3
+    assert result.cpu_s > 0.0 and result.seconds > 0.5
