@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass
 from typing import cast
 
 import psutil
+from websockets.protocol import Protocol
 
 from rutster.tools.launcher import LOOPBACK, free_port
 
@@ -93,6 +94,25 @@ def media_message(seq: int) -> str:
             "streamSid": "MZ00000000000000000000000000000000",
         }
     )
+
+
+def write_out(protocol: Protocol, transport: asyncio.Transport) -> None:
+    """Write what a websockets sans-I/O protocol has to send; close on its end of data."""
+    for chunk in protocol.data_to_send():
+        if chunk:
+            transport.write(chunk)
+        else:
+            transport.close()  # the protocol is done with the connection
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate a server process, killing it if it does not exit within 5 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 # ---- the servers (each in its own process) -------------------------------------------
@@ -186,11 +206,7 @@ def serve_sansio(port: int) -> None:
 
         def _flush(self) -> None:
             assert self.transport is not None
-            for chunk in self.ws.data_to_send():
-                if chunk:
-                    self.transport.write(chunk)
-                else:
-                    self.transport.close()  # the protocol is done with the connection
+            write_out(self.ws, self.transport)
 
         def eof_received(self) -> bool | None:
             self.ws.receive_eof()
@@ -301,11 +317,7 @@ class SansIOClient(asyncio.Protocol):
 
     def _flush(self) -> None:
         assert self.transport is not None
-        for chunk in self.ws.data_to_send():
-            if chunk:
-                self.transport.write(chunk)
-            else:
-                self.transport.close()
+        write_out(self.ws, self.transport)
 
 
 async def load(
@@ -423,12 +435,7 @@ def run_path(
         result.path = path
         return result
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def run_client_path(
@@ -469,12 +476,7 @@ def run_client_path(
             raise RuntimeError(f"the {path} clients failed: {clients.stderr.strip()[-400:]}")
         return Result(**json.loads(clients.stdout.strip().splitlines()[-1]))
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
 
 
 def client_main(argv: list[str]) -> None:
