@@ -18,13 +18,13 @@ start allowance on top.
 **Delay is won back.** Whenever the caller heard silence inside an item that
 the brain did not put there (the provider's queue ran dry because audio came
 late, the priming wait after it, the padding of a partial frame, a bridge, the
-queue run dry before a bridge this loop sent late), everything after it plays
-that much later. The
-pacer counts that silence as *delay debt* for the item and pays it back by
-shedding whole frames of the same item that are silent (a pause in speech),
-so a stall costs one short gap instead of a latency step for the rest of the
-call. Shed frames are reported in :attr:`Pacer.last_shed` (not sent) so the
-played-ms ledger still advances over them.
+queue run dry before a bridge this loop sent late; however short), everything
+after it plays that much later. The pacer counts that silence as *delay debt*
+for the item and pays it back by shedding whole frames of the same item that
+are silent (a pause in speech), so a stall costs one short gap instead of a
+latency step for the rest of the call. Shed frames are reported in
+:attr:`Pacer.last_shed` (not sent) so the played-ms ledger still advances over
+them.
 """
 
 from __future__ import annotations
@@ -83,9 +83,12 @@ MIN_PARTIAL_SHED_SAMPLES = 24
 #: room, so it was excess; after the shed the queue keeps two frames of cushion for
 #: the next real-time frame. Seed decision (a quarter frame of clock jitter).
 SHED_QUEUE_SLACK_MS = 5.0
-#: A poll this late past the provider's queue end (ms) counts as a gap the caller
-#: heard: a quarter frame, above the 1-2 ms an event loop's timer may wake late
-#: (uvloop counts whole milliseconds). Seed decision.
+#: A poll this late past the provider's queue end (ms) counts as an underrun (the
+#: ``underruns`` and ``underrun_ms`` counters): a quarter frame, above the 1-2 ms an
+#: event loop's timer may wake late (uvloop counts whole milliseconds). Seed decision.
+#: Any lateness past the queue's end is owed, however short: measured at 50 echo
+#: calls on one core (2026-12-07, docs/BENCHMARKS.md), ~20 holes a call of 1-5 ms,
+#: left unowed, made a lasting step of +40-70 ms in each call's heard delay.
 LATE_POLL_MIN_MS = 5.0
 #: Silent frames sent at once to keep the provider's queue from running dry while the
 #: brain's audio is late (40 ms): what the outbound resampler's drain used to add when
@@ -309,14 +312,17 @@ class Pacer:
         max_lead = self._max_lead_ms
         frame_samples = self._frame_samples
         late_ms = now_ms - self._queued_until
-        if late_ms > LATE_POLL_MIN_MS and buffer.buffered_samples:
+        if late_ms > TIME_EPSILON_MS and buffer.buffered_samples:
             # Polled after the provider's queue ran dry with audio still waiting here
             # (this loop was late: a stall, a descheduled process): the caller heard
             # that silence inside the item, so the rest of it plays that much later.
+            # Owed however short (a loaded loop's many 1-5 ms holes add up to a
+            # lasting step); counted as an underrun from LATE_POLL_MIN_MS.
             item = buffer.next_item
             if item is not None and item == self._last_item:
-                self._underruns += 1
-                self._underrun_ms += late_ms
+                if late_ms > LATE_POLL_MIN_MS:
+                    self._underruns += 1
+                    self._underrun_ms += late_ms
                 self._owe(late_ms, item)
         while True:
             base = max(self._queued_until, now_ms)
@@ -333,12 +339,14 @@ class Pacer:
                 # Nothing buffered and the provider about to run dry: frames of
                 # silence inside the item, owed and won back like any other.
                 dry_ms = now_ms - self._queued_until
-                if dry_ms > LATE_POLL_MIN_MS:
+                if dry_ms > TIME_EPSILON_MS:
                     # This loop was late (a stall) and the queue had already run dry:
                     # the caller heard that silence before the bridge's, inside the
-                    # item, so it is owed like the bridge (a lasting step otherwise).
+                    # item, so it is owed like the bridge (a lasting step otherwise),
+                    # however short; an underrun from LATE_POLL_MIN_MS.
                     self._sent_silence(dry_ms, self._last_item)
-                    self._dry_ms += dry_ms
+                    if dry_ms > LATE_POLL_MIN_MS:
+                        self._dry_ms += dry_ms
                 room = int((max_lead - (base - now_ms) + TIME_EPSILON_MS) // frame_ms)
                 count = min(self._bridge_frames, room)
                 self._queued_until = base

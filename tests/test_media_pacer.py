@@ -13,6 +13,7 @@ from rutster.media.pacer import (
     BRIDGE_LEAD_MS,
     DEFAULT_LEAD_MS,
     DEFAULT_START_MS,
+    LATE_POLL_MIN_MS,
     PAD_LEAD_MS,
     Pacer,
     PacerState,
@@ -453,3 +454,32 @@ def test_a_late_poll_that_bridges_owes_the_dry_queue_too() -> None:
     assert call.pacer.delay_debt_ms == 0.0
     voice = b"".join(f.pcm[: 2 * f.audio_samples] for _, f in call.sent)
     assert voice.endswith(_voice(100))  # every voice sample was sent
+
+
+@pytest.mark.parametrize("late_ms", [1.0, 3.0, LATE_POLL_MIN_MS])
+def test_short_holes_are_owed_though_not_counted_as_underruns(late_ms: float) -> None:
+    """A loaded loop leaves many holes of a few ms (measured at 50 echo calls on one
+    core: ~20 a call of 1-5 ms). Each is silence the caller heard inside the item, so
+    each is owed; unowed, they added up to a lasting step (+40-70 ms a call). Under
+    LATE_POLL_MIN_MS they are not counted as underruns (timer grain, not a stall)."""
+    call = Call()
+    call.push(0.0, _voice(60) + _audio(100) + _voice(100), "a")
+    call.run_until(20.0)
+    call.poll(call.pacer.queued_until_ms + late_ms)  # the queue ran dry late_ms ago
+    assert call.pacer.underruns == 0
+    call.run_until(600.0)
+    assert call.pacer.shed_ms == pytest.approx(late_ms)
+    assert call.pacer.delay_debt_ms == pytest.approx(0.0)
+
+
+def test_a_short_dry_spell_before_a_bridge_is_owed() -> None:
+    """The same for a bridge sent a few ms after the queue ran dry."""
+    call = Call(bridge_frames=BRIDGE_FRAMES)
+    call.run_until(190.0, [(20.0 * i, _voice(20), "a") for i in range(10)])
+    late = call.pacer.queued_until_ms + 3.0
+    call.poll(late)
+    assert call.pacer.bridges == BRIDGE_FRAMES
+    call.run_until(900.0, [(late + 5.0, _audio(200) + _voice(100), "a")])
+    assert call.pacer.underruns == 0
+    assert call.pacer.shed_ms == pytest.approx(3.0 + 20.0 * BRIDGE_FRAMES)
+    assert call.pacer.delay_debt_ms == pytest.approx(0.0)
