@@ -178,13 +178,6 @@ class Call:
         # rutster_pacer_polls_total, MIN_PACER_WAIT_S).
         self._wake_pending = False
         self._waiter: asyncio.Future[bool] | None = None
-        # The parked pacer task's timer and the deadline it was armed for (a poll made
-        # for the brain's audio re-arms it: _pace_brain_audio).
-        self._timer: asyncio.TimerHandle | None = None
-        self._deadline: float | None = None
-        # A poll's frames are being sent (by the pacer task or for the brain's audio):
-        # one sender at a time keeps the frames in order.
-        self._pacing = False
         self._tasks: list[asyncio.Task[None]] = []
         self._ending = False
         self.ended = asyncio.Event()
@@ -483,10 +476,7 @@ class Call:
 
     async def _on_brain_event(self, event: BrainEvent) -> None:
         if isinstance(event, AudioOut):
-            for command in self.engine.on_brain(event, self._clock_ms()):
-                await self._carry_out_one(command)
-            if self.engine.wants_poll:
-                await self._pace_brain_audio()
+            await self._carry_out(self.engine.on_brain(event, self._clock_ms()))
             return
         self._metrics.brain_events.labels(type(event).__name__).inc()
         if isinstance(event, AudioClear):
@@ -734,81 +724,37 @@ class Call:
         if waiter is not None and not waiter.done():
             waiter.set_result(False)
 
-    async def _send_polled(self) -> None:
-        """Poll the engine now and send what it releases, in order (one sender at a time)."""
-        engine = self.engine
-        self._pacing = True
-        try:
-            before = engine.frames_out
-            self._metrics.pacer_polls.inc()
-            for command in engine.poll(self._clock_ms()):
-                await self._edge.send(command)
-            if engine.frames_out != before:
-                self._metrics.frames_out.inc(engine.frames_out - before)
-            if engine.pacer.underruns != self._underruns_reported:
-                self._report_underruns()
-        finally:
-            self._pacing = False
-
-    async def _pace_brain_audio(self) -> None:
-        """The brain's audio came while the pacer task is parked: poll for it here.
-
-        Waking the pacer task instead would send it a turn of the event loop later, and
-        a loaded loop's turn is 16-34 ms at 50 echo calls on one core (docs/BENCHMARKS.md,
-        "Where the lag P99 comes from"), most of the 40 ms a real-time brain keeps queued
-        at the provider. The parked task's timer is then re-armed for the new deadline,
-        so it does not wake only to find nothing due.
-        """
-        waiter = self._waiter
-        if self._pacing or waiter is None or waiter.done() or self._ending:
-            self._wake()  # the pacer task is sending or about to run: it polls itself
-            return
-        await self._send_polled()
-        if self._waiter is not waiter or waiter.done():
-            # The pacer task woke while this sent (and may have parked again, with no
-            # timer, to let it finish): it reads the deadline itself.
-            self._wake()
-            return
-        deadline = self.engine.next_deadline()
-        delay_s = None if deadline is None else (deadline - self._clock_ms()) / 1000.0
-        if delay_s is not None and delay_s <= 0:
-            self._wake()
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._deadline = deadline
-        self._timer = (
-            None
-            if delay_s is None
-            else asyncio.get_running_loop().call_later(
-                max(delay_s, MIN_PACER_WAIT_S), _fire, waiter
-            )
-        )
-
     async def _pace(self) -> None:
         """Send what the engine's pacer releases, waking at its deadlines or when woken."""
         engine = self.engine
+        pacer = engine.pacer
+        edge = self._edge
         loop = asyncio.get_running_loop()
         clock = self._clock_ms
         lateness = self._metrics.pacer_lateness
+        frames_out_metric = self._metrics.frames_out
+        polls_metric = self._metrics.pacer_polls
         while not self._ending:
             self._wake_pending = False
-            if self._pacing:
-                # A poll for the brain's audio is sending; it wakes this task when done.
-                deadline = None
-            else:
-                await self._send_polled()
-                deadline = engine.next_deadline()
+            before = engine.frames_out
+            polls_metric.inc()
+            for command in engine.poll(clock()):
+                await edge.send(command)
+            if engine.frames_out != before:
+                frames_out_metric.inc(engine.frames_out - before)
+            if pacer.underruns != self._underruns_reported:
+                self._report_underruns()
+            now = clock()
+            deadline = engine.next_deadline()
             if self._wake_pending:
                 continue
-            delay_s = None if deadline is None else (deadline - clock()) / 1000.0
+            delay_s = None if deadline is None else (deadline - now) / 1000.0
             if delay_s is not None and delay_s <= 0:
                 await asyncio.sleep(0)
                 continue
             waiter: asyncio.Future[bool] = loop.create_future()
             self._waiter = waiter
-            self._deadline = deadline
-            self._timer = (
+            timer = (
                 None
                 if delay_s is None
                 else loop.call_later(max(delay_s, MIN_PACER_WAIT_S), _fire, waiter)
@@ -817,11 +763,10 @@ class Call:
                 timed_out = await waiter
             finally:
                 self._waiter = None
-                if self._timer is not None:
-                    self._timer.cancel()
-                    self._timer = None
-            if timed_out and self._deadline is not None:
-                lateness.observe(max(0.0, clock() - self._deadline) / 1000.0)
+                if timer is not None:
+                    timer.cancel()
+            if timed_out and deadline is not None:
+                lateness.observe(max(0.0, clock() - deadline) / 1000.0)
 
     def _report_underruns(self) -> None:
         new = self.pacer.underruns - self._underruns_reported
