@@ -20,7 +20,10 @@ least 95 % of its audio came back and the caller heard no gap longer than 60 ms 
 every call of the level runs) and that divided by the calls, and the same over the idle
 server's CPU measured just before the level; the server's RSS growth over
 its idle RSS divided by the calls; and the echo lag the callers heard (each call's median
-lag over 2 s segments of its speech; P50 and P99 over the calls of the level). The last
+lag over 2 s segments of its speech; P50 and P99 over the calls of the level), and under
+each level what the lags are made of: how far a call's lag grew from its start to its end,
+and of the calls over the goal's 120 ms, how many were that late from their first word
+and how many grew past it. The last
 lines give each system's largest level with every call carried (and every smaller level
 too), how far the CPU per call over idle moved across the levels of 10 calls or more
 carried, and their ratio: calls per core, since each server has one. Then the same for
@@ -57,7 +60,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +117,10 @@ STALL_SLACK_MS = 20.0
 LAG_SEGMENT_S = 2.0
 #: Longest echo lag looked for (s).
 MAX_LAG_S = 1.0
+#: A call's lag at its start and at its end: the median over this many segments (6 s of
+#: speech at each end of a 20 s call). Seed decision: the diagnosis of the lag P99
+#: (docs/BENCHMARKS.md, "Where the lag P99 comes from") told the two apart this way.
+GROWTH_SEGMENTS = 3
 #: How long a server may take to answer its first request.
 START_S = 60.0
 #: Calls started per second. Seed decision: a steady arrival rate, so that what is
@@ -140,6 +147,8 @@ class LevelResult:
     idle_cpu_pct: float
     rss_growth_mib: float
     lags_ms: list[float]
+    #: Per call with enough segments: (its lag at its start, how far it grew by its end).
+    starts_and_growth_ms: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def per_call_above_idle(self) -> float:
@@ -158,6 +167,21 @@ class LevelResult:
             and bool(self.lags_ms)
             and float(np.percentile(self.lags_ms, 99)) <= LAG_P99_LIMIT_MS
             and self.rss_growth_mib * 1024 / self.calls <= RSS_PER_CALL_LIMIT_KIB
+        )
+
+    def lag_note(self) -> str:
+        """What the lags are made of: growth within a call, and the calls over the goal's
+        limit that started late (their lag set from the first word) or grew past it."""
+        pairs = self.starts_and_growth_ms
+        if not pairs:
+            return "  lag: too few segments to tell a call's start from its growth"
+        growth = [g for _, g in pairs]
+        late_start = sum(start > LAG_P99_LIMIT_MS for start, _ in pairs)
+        grew = sum(start <= LAG_P99_LIMIT_MS < start + g for start, g in pairs)
+        return (
+            f"  lag growth within a call P50 {np.percentile(growth, 50):.0f} ms, "
+            f"max {max(growth):.0f}; calls over {LAG_P99_LIMIT_MS:.0f} ms: {late_start} "
+            f"from their first word, {grew} grew past it"
         )
 
     def row(self) -> str:
@@ -194,8 +218,9 @@ def carried(result: SimulatedCallResult, sent_ms: float) -> bool:
     return result.audio_ms_received >= CARRIED_AUDIO_SHARE * sent_ms and longest_gap <= MAX_GAP_MS
 
 
-def echo_lag_ms(sent: bytes, result: SimulatedCallResult) -> float | None:
-    """The call's echo lag as heard: the median of its segments' best lags (ms)."""
+def segment_lags_ms(sent: bytes, result: SimulatedCallResult) -> list[float]:
+    """The echo lag the caller heard in each LAG_SEGMENT_S of speech, in call order (ms);
+    a quiet segment, or one with no clear copy of what was said, has none."""
     heard = result.heard_pcm
     seg = int(LAG_SEGMENT_S * RATE) * 2
     max_lag = int(MAX_LAG_S * RATE)
@@ -209,7 +234,23 @@ def echo_lag_ms(sent: bytes, result: SimulatedCallResult) -> float | None:
         )
         if corr >= 0.5:
             lags.append(lag / RATE * 1000)
+    return lags
+
+
+def echo_lag_ms(sent: bytes, result: SimulatedCallResult) -> float | None:
+    """The call's echo lag as heard: the median of its segments' best lags (ms)."""
+    lags = segment_lags_ms(sent, result)
     return statistics.median(lags) if lags else None
+
+
+def lag_start_and_growth_ms(lags: list[float]) -> tuple[float, float] | None:
+    """A call's lag at its start (the median of its first GROWTH_SEGMENTS segments' lags)
+    and how far it grew by its end (the median of its last ones, less the start); None
+    with too few segments to tell the two apart."""
+    if len(lags) < 2 * GROWTH_SEGMENTS:
+        return None
+    start = statistics.median(lags[:GROWTH_SEGMENTS])
+    return start, statistics.median(lags[-GROWTH_SEGMENTS:]) - start
 
 
 def install_pipecat(venv: Path) -> None:
@@ -358,7 +399,9 @@ async def run_level(
     results = await task
     gc.enable()
     sent_ms = seconds * 1000
-    lags = [lag for r in results if (lag := echo_lag_ms(pcm, r)) is not None]
+    segments = [segment_lags_ms(pcm, r) for r in results]
+    lags = [statistics.median(s) for s in segments if s]
+    starts_and_growth = [p for s in segments if (p := lag_start_and_growth_ms(s)) is not None]
     return LevelResult(
         system=system,
         calls=calls,
@@ -367,6 +410,7 @@ async def run_level(
         idle_cpu_pct=idle_cpu,
         rss_growth_mib=max(0.0, rss - idle),
         lags_ms=lags,
+        starts_and_growth_ms=starts_and_growth,
     )
 
 
@@ -517,6 +561,7 @@ async def _one_round(
                 await run_level(label, url, token, WARMUP_CALLS, warmup, server)
                 row = await run_level(label, url, token, calls, pcm, server)
             print(row.row(), flush=True)
+            print(row.lag_note(), flush=True)
             rows.append(row)
     print(
         "carried: ≥ 95 % of the audio back and no heard gap over 60 ms; CPU: the server's, "

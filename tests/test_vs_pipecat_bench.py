@@ -22,6 +22,7 @@ from bench.vs_pipecat import (
     core_kept_awake,
     cost_spread,
     echo_lag_ms,
+    lag_start_and_growth_ms,
     largest_carried,
     server_gaps,
     without_env,
@@ -77,6 +78,24 @@ def test_the_echo_lag_is_what_the_caller_heard() -> None:
     assert echo_lag_ms(sent.tobytes(), result) == pytest.approx(112.0, abs=0.2)
     silence = SimulatedCallResult(call_sid="CA1", stream_sid="MZ1", heard_pcm=bytes(len(heard) * 2))
     assert echo_lag_ms(sent.tobytes(), silence) is None  # nothing came back: no lag to report
+
+
+def test_a_calls_lag_at_its_start_and_its_growth() -> None:
+    # Six segments or more: the first three's median is the start, the last three's less
+    # it the growth (a call late from its first word grows 0; one that drifted, more).
+    assert lag_start_and_growth_ms([500.0, 502.0, 498.0, 500.0, 501.0, 500.0]) == (500.0, 0.0)
+    assert lag_start_and_growth_ms([48.0, 49.0, 48.0, 60.0, 75.0, 90.0, 88.0]) == (48.0, 40.0)
+    assert lag_start_and_growth_ms([48.0] * 5) is None  # too few to tell them apart
+
+
+def test_the_lag_note_names_what_put_calls_over_the_limit() -> None:
+    row = LevelResult("rutster", 3, 3, 50.0, 1.0, 1.0, [50.0, 300.0, 130.0])
+    row.starts_and_growth_ms = [(49.0, 1.0), (300.0, 0.0), (60.0, 70.0)]
+    assert row.lag_note() == (
+        "  lag growth within a call P50 1 ms, max 70; calls over 120 ms: 1 from their "
+        "first word, 1 grew past it"
+    )
+    assert "too few segments" in LevelResult("x", 1, 1, 1.0, 1.0, 1.0, []).lag_note()
 
 
 def level(calls: int, carried_calls: int) -> LevelResult:
