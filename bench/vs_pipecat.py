@@ -237,10 +237,14 @@ def segment_lags_ms(sent: bytes, result: SimulatedCallResult) -> list[float]:
     return lags
 
 
+def call_lag_ms(lags: list[float]) -> float | None:
+    """A call's echo lag from its segments' lags (:func:`segment_lags_ms`): their median."""
+    return statistics.median(lags) if lags else None
+
+
 def echo_lag_ms(sent: bytes, result: SimulatedCallResult) -> float | None:
     """The call's echo lag as heard: the median of its segments' best lags (ms)."""
-    lags = segment_lags_ms(sent, result)
-    return statistics.median(lags) if lags else None
+    return call_lag_ms(segment_lags_ms(sent, result))
 
 
 def lag_start_and_growth_ms(lags: list[float]) -> tuple[float, float] | None:
@@ -400,7 +404,7 @@ async def run_level(
     gc.enable()
     sent_ms = seconds * 1000
     segments = [segment_lags_ms(pcm, r) for r in results]
-    lags = [statistics.median(s) for s in segments if s]
+    lags = [lag for s in segments if (lag := call_lag_ms(s)) is not None]
     starts_and_growth = [p for s in segments if (p := lag_start_and_growth_ms(s)) is not None]
     return LevelResult(
         system=system,
